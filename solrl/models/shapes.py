@@ -1,0 +1,129 @@
+"""The bundled `shapes` model: a tiny text-to-image flow model of the shapes world.
+
+Denoiser: a diffusers `PixArtTransformer2DModel` (6 layers, 4 heads x 32, patch 4) working directly in
+pixel space on 32x32 RGB scaled to [-1, 1]. Pixel space, not a VAE: at 32x32 the image is already
+as small as a latent would be, a VAE would add its own training run and its own errors to every score,
+and the flow-matching maths is the same either way. Text encoder: a 2-layer `transformers.CLIPTextModel`
+over a word-level tokenizer of the world's closed vocabulary (unknown words are rejected).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import PixArtTransformer2DModel
+from transformers import CLIPTextConfig, CLIPTextModel
+
+from solrl.models.base import Cond, ModelSpec, T2IModel
+from solrl.world.shapes import IMAGE_SIZE, VOCAB, tokenize
+
+WEIGHTS_DIR = Path(__file__).parent / "weights" / "shapes"
+
+SPEC = ModelSpec(
+    name="shapes",
+    latent_shape=(3, IMAGE_SIZE, IMAGE_SIZE),
+    lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
+    # Embedders (patch, timestep, caption) and the final projection stay high precision, as the
+    # reference keeps embedders and the final layer of SANA / SD3.5 / FLUX.
+    quant_skip=("pos_embed.*", "adaln_single.*", "caption_projection.*", "proj_out*"),
+    quant_min_features=0,
+    default_solver="euler",
+)
+
+PAD, BOS, EOS = 0, 1, 2
+MAX_TOKENS = 14  # BOS + at most 10 words + EOS, with room
+_WORD_ID = {w: i + 3 for i, w in enumerate(VOCAB)}
+
+
+def transformer_config() -> dict:
+    return dict(
+        sample_size=IMAGE_SIZE, patch_size=4, in_channels=3, out_channels=3, num_layers=6,
+        num_attention_heads=4, attention_head_dim=32, cross_attention_dim=128, caption_channels=64,
+        norm_type="ada_norm_single", use_additional_conditions=False, num_embeds_ada_norm=1000,
+    )
+
+
+def text_encoder_config() -> CLIPTextConfig:
+    return CLIPTextConfig(
+        vocab_size=len(VOCAB) + 3, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=MAX_TOKENS, pad_token_id=PAD, bos_token_id=BOS,
+        eos_token_id=EOS,
+    )
+
+
+def token_ids(prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Word-level tokenisation: [BOS, words..., EOS, PAD...]; "" is the unconditional prompt [BOS, EOS]."""
+    ids = torch.full((len(prompts), MAX_TOKENS), PAD, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        words = tokenize(p) if p.strip() else []
+        seq = [BOS, *(_WORD_ID[w] for w in words), EOS]
+        ids[i, : len(seq)] = torch.tensor(seq)
+    return ids, (ids != PAD).long()
+
+
+class ShapesModel(T2IModel):
+    spec = SPEC
+
+    def __init__(self, transformer: PixArtTransformer2DModel, text_encoder: CLIPTextModel) -> None:
+        self.transformer = transformer
+        self.text_encoder = text_encoder
+
+    # ---------------------------------------------------------------- building and loading
+    @classmethod
+    def random(cls, seed: int = 0) -> "ShapesModel":
+        """Seeded random initialisation (what pretraining starts from)."""
+        torch.manual_seed(seed)
+        return cls(PixArtTransformer2DModel(**transformer_config()), CLIPTextModel(text_encoder_config()))
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "ShapesModel":
+        """Load from a directory holding transformer/ and text_encoder/ (default: the bundled weights)."""
+        path = Path(path) if path is not None else WEIGHTS_DIR
+        missing = [d for d in ("transformer", "text_encoder") if not (path / d / "config.json").exists()]
+        if missing:
+            raise FileNotFoundError(
+                f"shapes model weights not found in {path}: missing {missing}. "
+                "Train them with `solrl shapes pretrain --out DIR` or point --set model.path=DIR at them."
+            )
+        tr = PixArtTransformer2DModel.from_pretrained(path / "transformer", local_files_only=True)
+        te = CLIPTextModel.from_pretrained(path / "text_encoder", local_files_only=True)
+        tr.eval().requires_grad_(False)
+        te.eval().requires_grad_(False)
+        return cls(tr, te)
+
+    def save(self, path: str | Path, card: dict | None = None) -> None:
+        path = Path(path)
+        self.transformer.save_pretrained(path / "transformer", safe_serialization=True)
+        self.text_encoder.save_pretrained(path / "text_encoder", safe_serialization=True)
+        if card is not None:
+            (path / "card.json").write_text(json.dumps(card, indent=2) + "\n")
+
+    # ---------------------------------------------------------------- the T2IModel interface
+    def encode(self, prompts: list[str]) -> Cond:
+        ids, mask = token_ids(prompts)
+        with torch.set_grad_enabled(self.text_encoder.training):
+            emb = self.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        return Cond(emb, mask)
+
+    def encode_uncond(self, n: int) -> Cond:
+        return self.encode([""] * n)
+
+    def velocity(self, transformer, x, t, cond):
+        t = t.to(x.dtype).reshape(-1).expand(x.shape[0]) if t.numel() == 1 else t.to(x.dtype)
+        out = transformer(
+            x, encoder_hidden_states=cond.embeds.to(x.dtype), timestep=t * 1000.0,
+            encoder_attention_mask=cond.mask, added_cond_kwargs={"resolution": None, "aspect_ratio": None},
+        )
+        return out.sample
+
+    def decode(self, latents: torch.Tensor) -> np.ndarray:
+        img = ((latents.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+        return img.permute(0, 2, 3, 1).cpu().numpy()
+
+
+def images_to_latents(images: np.ndarray) -> torch.Tensor:
+    """uint8 [B, H, W, 3] -> float [B, 3, H, W] in [-1, 1] (the inverse of ShapesModel.decode)."""
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
