@@ -1,0 +1,15 @@
+"""LoRA adapters: peft injection, switching, merging into inference copies, safetensors wire format."""
+
+from solrl.adapters.lora import LoraAdapters, LoraSpec, apply_merged, make_inference_copy
+from solrl.adapters.wire import AdapterPayload, decode_adapter, encode_adapter, sha256_hex
+
+__all__ = [
+    "AdapterPayload",
+    "LoraAdapters",
+    "LoraSpec",
+    "apply_merged",
+    "decode_adapter",
+    "encode_adapter",
+    "make_inference_copy",
+    "sha256_hex",
+]

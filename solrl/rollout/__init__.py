@@ -1,0 +1,132 @@
+"""Rollouts as pure functions of (model, denoiser, sampler settings, scorer, seeds).
+
+`generate` samples images for (prompt, seed) pairs; `explore` scores a seed pool per prompt and selects
+which seeds to keep; `regenerate` re-samples the kept seeds at full steps and returns the final
+latents and rewards that training uses. Forward counts are image-level denoiser evaluations
+(batch rows x solver calls, x2 with classifier-free guidance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from solrl.algo import select
+from solrl.models.base import Cond, T2IModel
+from solrl.sampling import cfg_velocity, flow_sigmas, noise_for_seeds, sample
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    solver: str = "euler"
+    shift: float = 1.0
+    guidance: float = 1.0
+
+
+@dataclass
+class Generated:
+    x0: torch.Tensor          # [B, C, H, W] final latents
+    images: np.ndarray        # uint8 [B, H, W, 3]
+    forwards: int             # image-level denoiser evaluations
+
+
+class PromptCache:
+    """Encoded prompts, computed once per prompt (the text encoder is frozen)."""
+
+    def __init__(self, model: T2IModel) -> None:
+        self.model = model
+        self._cache: dict[str, Cond] = {}
+
+    def __call__(self, prompts: list[str]) -> Cond:
+        missing = sorted({p for p in prompts if p not in self._cache})
+        if missing:
+            with torch.no_grad():
+                enc = self.model.encode(missing)
+            for i, p in enumerate(missing):
+                self._cache[p] = enc.index(slice(i, i + 1))
+        return Cond.cat([self._cache[p] for p in prompts])
+
+
+def generate(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds: list[int], steps: int,
+             sampler: SamplerSpec, micro_batch: int = 64, cache: PromptCache | None = None) -> Generated:
+    """Sample one image per (prompt, seed). Noise is a pure function of the seed."""
+    if len(prompts) != len(seeds):
+        raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
+    if steps <= 0 or micro_batch <= 0:
+        raise ValueError(f"steps and micro_batch must be positive, got {steps}, {micro_batch}")
+    cache = cache or PromptCache(model)
+    sigmas = flow_sigmas(steps, sampler.shift)
+    noise = noise_for_seeds(seeds, model.spec.latent_shape)
+    outs, forwards = [], 0
+    with torch.no_grad():
+        for i in range(0, len(seeds), micro_batch):
+            sl = slice(i, i + micro_batch)
+            cond = cache(prompts[sl])
+            vfn = model.velocity_fn(transformer, cond)
+            if sampler.guidance != 1.0:
+                vfn = cfg_velocity(vfn, model.velocity_fn(transformer, model.encode_uncond(len(cond))),
+                                   sampler.guidance)
+            res = sample(vfn, noise[sl], sigmas, sampler.solver)
+            outs.append(res.x0)
+            forwards += res.nfe * len(cond) * (2 if sampler.guidance != 1.0 else 1)
+    x0 = torch.cat(outs) if outs else noise[:0]
+    return Generated(x0, model.decode(x0), forwards)
+
+
+@dataclass
+class ExploreResult:
+    seeds: list[list[int]]          # [P][n]
+    scores: np.ndarray              # [P, n] proxy rewards
+    kept: list[list[int]]           # [P][k] indices into seeds[p]
+    forwards: int
+    generated: Generated            # flattened [P*n] in prompt-major order
+
+    def kept_seeds(self) -> list[list[int]]:
+        return [[s[i] for i in idx] for s, idx in zip(self.seeds, self.kept)]
+
+
+def explore(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds: list[list[int]], steps: int,
+            sampler: SamplerSpec, scorer, k: int, selection: str = "best_worst",
+            generator: torch.Generator | None = None, micro_batch: int = 64,
+            cache: PromptCache | None = None) -> ExploreResult:
+    """Sample every seed of every prompt's pool, score, and select k seeds per prompt."""
+    if len(prompts) != len(seeds):
+        raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seed pools")
+    flat_p = [p for p, pool in zip(prompts, seeds) for _ in pool]
+    flat_s = [s for pool in seeds for s in pool]
+    gen = generate(model, transformer, flat_p, flat_s, steps, sampler, micro_batch, cache)
+    flat_r = np.asarray(scorer(gen.images, flat_p), dtype=np.float32)
+    scores, kept, off = [], [], 0
+    for pool in seeds:
+        r = flat_r[off: off + len(pool)]
+        off += len(pool)
+        scores.append(r)
+        kept.append(list(select(torch.from_numpy(r), k, selection, generator=generator)))
+    return ExploreResult([list(p) for p in seeds], np.stack(scores), kept, gen.forwards, gen)
+
+
+@dataclass
+class RegenResult:
+    prompts: list[str]              # [P*k] flattened, prompt-major
+    seeds: list[int]                # [P*k]
+    group: list[int]                # [P*k] prompt index of each rollout
+    x0: torch.Tensor                # [P*k, C, H, W]
+    images: np.ndarray              # [P*k, H, W, 3]
+    rewards: np.ndarray             # [P*k]
+    forwards: int
+
+
+def regenerate(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds: list[list[int]], steps: int,
+               sampler: SamplerSpec, scorer, micro_batch: int = 64, cache: PromptCache | None = None) -> RegenResult:
+    """Re-sample the kept seeds at full steps (same noise as exploration); these are the training data."""
+    if len(prompts) != len(seeds):
+        raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seed lists")
+    flat_p = [p for p, ks in zip(prompts, seeds) for _ in ks]
+    flat_s = [s for ks in seeds for s in ks]
+    group = [i for i, ks in enumerate(seeds) for _ in ks]
+    gen = generate(model, transformer, flat_p, flat_s, steps, sampler, micro_batch, cache)
+    rewards = np.asarray(scorer(gen.images, flat_p), dtype=np.float32)
+    return RegenResult(flat_p, flat_s, group, gen.x0, gen.images, rewards, gen.forwards)

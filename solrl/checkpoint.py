@@ -1,0 +1,88 @@
+"""Checkpoints: safetensors + JSON only (never pickle), exact resume.
+
+Layout of `RUN/checkpoints/epoch_NNNN/`:
+  adapters.safetensors   "<adapter>/<diffusers LoRA key>" for default, old and ema
+  optimizer.safetensors  AdamW tensors as "state.<param index>.<name>"
+  state.json             epoch, global step, adapter version, optimizer param groups and scalars
+All other randomness of a run is derived from (seed, epoch), so these files are the whole state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from solrl.adapters import LoraAdapters
+
+
+def _opt_to_flat(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    sd = opt.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for idx, st in sd["state"].items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"state.{idx}.{k}"] = v.detach().contiguous().clone()
+            else:
+                scalars.setdefault(str(idx), {})[k] = v
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def _opt_from_flat(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for key, v in tensors.items():
+        _, idx, k = key.split(".", 2)
+        state.setdefault(int(idx), {})[k] = v
+    for idx, sc in meta["scalars"].items():
+        state.setdefault(int(idx), {}).update(sc)
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def save_checkpoint(run_dir: Path, epoch: int, adapters: LoraAdapters, opt: torch.optim.Optimizer,
+                    global_step: int, version: int) -> Path:
+    """Write epoch `epoch` (1-based count of finished epochs) atomically, then point `latest` at it."""
+    ckpt_root = run_dir / "checkpoints"
+    final = ckpt_root / f"epoch_{epoch:04d}"
+    tmp = ckpt_root / f".tmp_epoch_{epoch:04d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    ad = {f"{name}/{k}": v.detach().contiguous() for name in adapters.ADAPTERS
+          for k, v in adapters.state_dict(name).items()}
+    save_file(ad, str(tmp / "adapters.safetensors"), metadata={"format": "solrl-adapters", "epoch": str(epoch)})
+    tensors, meta = _opt_to_flat(opt)
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    state = {"epoch": epoch, "global_step": global_step, "adapter_version": version, "optimizer": meta}
+    (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    (ckpt_root / "latest").write_text(final.name + "\n")
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    pointer = run_dir / "checkpoints" / "latest"
+    if not pointer.exists():
+        return None
+    path = run_dir / "checkpoints" / pointer.read_text().strip()
+    return path if path.exists() else None
+
+
+def load_adapters(path: Path, adapters: LoraAdapters, names: tuple[str, ...] | None = None) -> None:
+    flat = load_file(str(path / "adapters.safetensors"))
+    for name in names or adapters.ADAPTERS:
+        pre = f"{name}/"
+        adapters.load_state_dict(name, {k[len(pre):]: v for k, v in flat.items() if k.startswith(pre)})
+
+
+def load_checkpoint(path: Path, adapters: LoraAdapters, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """Restore adapters and optimizer in place; returns state.json."""
+    state = json.loads((path / "state.json").read_text())
+    load_adapters(path, adapters)
+    _opt_from_flat(opt, load_file(str(path / "optimizer.safetensors")), state["optimizer"])
+    return state

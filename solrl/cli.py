@@ -1,0 +1,162 @@
+"""`solrl` command line: train, eval, shapes pretrain, and listings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from solrl.config import PRESETS, ConfigError, RunConfig, apply_overrides, resolve
+
+
+def _steps(text: str) -> tuple[int, ...]:
+    try:
+        steps = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--steps must be comma-separated integers, got {text!r}") from None
+    if not steps or any(s <= 0 for s in steps):
+        raise argparse.ArgumentTypeError(f"--steps must be positive integers, got {text!r}")
+    return steps
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    from solrl.loop import train
+
+    overrides = list(a.set or [])
+    if a.epochs is not None:
+        overrides.append(f"epochs={a.epochs}")
+    if a.resume:
+        run_dir = Path(a.resume)
+        if not (run_dir / "config.json").exists():
+            raise ConfigError(f"--resume {run_dir}: no config.json there (not a run directory)")
+        cfg = apply_overrides(RunConfig.load(run_dir / "config.json"), overrides).validate()
+    else:
+        cfg = resolve(a.preset, a.config, overrides)
+        run_dir = Path(a.out) if a.out else Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
+            raise ConfigError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
+    print(f"solrl train: {cfg.name} ({cfg.rollout.mode}), {cfg.epochs} epochs -> {run_dir}")
+    s = train(cfg, run_dir, resume=bool(a.resume), progress=not a.no_progress)
+    print(json.dumps({k: s[k] for k in ("eval_before", "eval_after", "wall_time_s", "mean_epoch_times_s",
+                                        "forwards_per_epoch")}, indent=2))
+    if s["eval_before"] is not None and s["eval_after"] is not None:
+        print(f"held-out exact reward (EMA adapter): {s['eval_before']:.4f} -> {s['eval_after']:.4f} "
+              f"({s['eval_after'] - s['eval_before']:+.4f}) in {s['wall_time_s']:.0f} s")
+    print(f"curve: {run_dir / 'reward_curve.png'}   grids: {run_dir / 'eval'}/epoch_*/")
+    return 0
+
+
+def cmd_eval(a: argparse.Namespace) -> int:
+    from solrl.evaluate import evaluate, write_eval
+    from solrl.loop import Session, load_run_for_eval
+
+    out = Path(a.out)
+    if a.checkpoint == "base":
+        name = a.preset if a.preset in PRESETS else "shapes-sol-rl"
+        if a.preset not in PRESETS and a.preset != "shapes":
+            raise ConfigError(f"unknown preset {a.preset!r}; use 'shapes' or one of {sorted(PRESETS)}")
+        cfg = resolve(name, None, list(a.set or []))
+        sess = Session.build(cfg)
+        extra = {"checkpoint": "base", "model": cfg.model.name}
+    else:
+        sess = load_run_for_eval(Path(a.checkpoint))
+        cfg = sess.cfg
+        extra = {"checkpoint": str(a.checkpoint), "adapter": "ema", "model": cfg.model.name}
+    steps = a.steps or cfg.eval.steps
+    with sess.adapters.use("ema"):
+        summary, grids = evaluate(sess.model, sess.model.transformer, steps, a.prompts or cfg.eval.prompts,
+                                  a.seeds_per_prompt or cfg.eval.seeds_per_prompt, cfg.eval.seed, sess.sampler,
+                                  cfg.rollout.micro_batch)
+    write_eval(out, summary, grids, extra)
+    print(json.dumps({k: v for k, v in summary.items() if k != "results"}, indent=2))
+    for n, r in summary["results"].items():
+        print(f"{n:>3} steps: mean_reward {r['mean_reward']:.4f}  by form {r['by_form']}")
+    print(f"wrote {out / 'eval.json'} and grids")
+    return 0
+
+
+def cmd_pretrain(a: argparse.Namespace) -> int:
+    import torch
+
+    from solrl.models.shapes_pretrain import PretrainConfig, pretrain
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cfg = PretrainConfig(steps=a.steps, batch_size=a.batch_size, seed=a.seed)
+    if cfg.steps <= 0 or cfg.batch_size <= 0:
+        raise ConfigError("--steps and --batch-size must be positive")
+    pretrain(cfg, Path(a.out), progress=not a.no_progress)
+    print(f"saved checkpoints under {a.out}")
+    return 0
+
+
+def cmd_list(a: argparse.Namespace) -> int:
+    if a.what == "presets":
+        for n in sorted(PRESETS):
+            print(n)
+    elif a.what == "models":
+        from solrl.models import available_models
+
+        print("\n".join(available_models()))
+    else:
+        from solrl.rewards import available_rewards
+
+        print("\n".join(available_rewards()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="solrl", description="RL post-training of diffusion models with two-stage rollouts")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("train", help="run the embedded two-stage loop")
+    t.add_argument("--preset", default=None, help=f"one of {sorted(PRESETS)} (default shapes-sol-rl)")
+    t.add_argument("--config", default=None, help="a JSON run config (instead of a preset)")
+    t.add_argument("--epochs", type=int, default=None)
+    t.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
+    t.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. rollout.pool=48")
+    t.add_argument("--no-progress", action="store_true")
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("eval", help="held-out exact-reward evaluation")
+    e.add_argument("--preset", default="shapes")
+    e.add_argument("--checkpoint", default="base", help="'base' or a run directory (its EMA adapter)")
+    e.add_argument("--out", required=True)
+    e.add_argument("--steps", type=_steps, default=None, help="comma-separated step counts, e.g. 10,40")
+    e.add_argument("--prompts", type=int, default=None)
+    e.add_argument("--seeds-per-prompt", type=int, default=None)
+    e.add_argument("--set", action="append", metavar="KEY=VALUE")
+    e.set_defaults(fn=cmd_eval)
+
+    s = sub.add_parser("shapes", help="the shapes world")
+    ssub = s.add_subparsers(dest="shapes_cmd", required=True)
+    sp = ssub.add_parser("pretrain", help="train the bundled shapes model from a fixed seed")
+    sp.add_argument("--out", required=True)
+    sp.add_argument("--steps", type=int, default=1200)
+    sp.add_argument("--batch-size", type=int, default=64)
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--threads", type=int, default=0)
+    sp.add_argument("--no-progress", action="store_true")
+    sp.set_defaults(fn=cmd_pretrain)
+
+    for what in ("presets", "models", "rewards"):
+        lp = sub.add_parser(what, help=f"list {what}")
+        lp.add_argument("action", nargs="?", default="list", choices=["list"])
+        lp.set_defaults(fn=cmd_list, what=what)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"solrl: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,310 @@
+"""Run configuration: nested dataclasses; presets are functions returning a `RunConfig`.
+
+`--set a.b=v` overrides are parsed against the field's declared type; a config can be saved to and
+loaded from JSON; `validate()` rejects bad values before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from solrl.precision import PrecisionConfig
+
+MODES = ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant")
+SELECTIONS = ("best_worst", "random", "mean_deviation", "extremes_random")
+SOLVERS = ("euler", "dpm2")
+
+
+class ConfigError(ValueError):
+    """A bad preset, key or value, reported before any work starts."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "shapes"
+    path: str | None = None  # local directory with the weights; None = the model's default location
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 32
+    alpha: float = 64.0
+    targets: tuple[str, ...] = ()  # empty = the model's own LoRA targets
+    init: str = "gaussian"
+
+
+@dataclass
+class SamplerConfig:
+    solver: str = ""          # empty = the model's default (Euler for SANA / shapes, DPM-Solver-2 for SD3.5 / FLUX)
+    shift: float = 1.0
+    guidance: float = 1.0     # classifier-free guidance scale; 1.0 = no CFG (as the reference's rollouts)
+
+
+@dataclass
+class RolloutConfig:
+    mode: str = "sol_rl"      # sol_rl | diffusion_nft | naive_scaling | naive_quant
+    prompts_per_epoch: int = 48
+    pool: int = 96            # n: seeds explored per prompt
+    kept: int = 24            # k: seeds trained on per prompt
+    explore_steps: int = 6
+    steps: int = 10           # full rollout steps (regeneration / BF16)
+    selection: str = "best_worst"
+    explore_precision: PrecisionConfig = field(default_factory=lambda: PrecisionConfig(backend="nvfp4-emu"))
+    precision: PrecisionConfig = field(default_factory=lambda: PrecisionConfig(backend="bf16"))
+    micro_batch: int = 64     # images per model forward while sampling
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 1e-4
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    micro_batch: int = 16
+    optimizer_steps_per_epoch: int = 1  # gradient accumulation over the whole epoch by default
+    timestep_fraction: float = 0.6
+    beta: float = 1.0                   # guidance strength of DiffusionNFT
+    adv_clip_max: float = 5.0
+    kl_beta: float = 1e-4
+    ema_decay: float = 0.9
+    old_decay_rate: float = 0.001       # old <- d*old + (1-d)*new, d = min(rate*step, cap)
+    old_decay_cap: float = 0.5
+
+
+@dataclass
+class EvalConfig:
+    every: int = 5                      # epochs; 0 = only at the start and the end
+    steps: tuple[int, ...] = (10,)
+    prompts: int = 48                   # held-out prompts (a fixed, form-stratified subset)
+    seeds_per_prompt: int = 2
+    seed: int = 1234
+    grid: bool = True
+
+
+@dataclass
+class RunConfig:
+    name: str = "shapes-sol-rl"
+    seed: int = 0
+    epochs: int = 100
+    reward: str = "shapes"
+    prompt_split: str = "train"         # RL prompts: "train" | "all"
+    checkpoint_every: int = 1
+    tensorboard: bool = True
+    threads: int = 0                    # torch threads; 0 = leave torch's default
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    # ---------------------------------------------------------------- checks
+    def validate(self) -> "RunConfig":
+        r, t = self.rollout, self.train
+        if self.epochs < 0 or self.seed < 0:
+            raise ConfigError(f"epochs and seed must be >= 0, got epochs={self.epochs}, seed={self.seed}")
+        for name in ("prompts_per_epoch", "pool", "kept", "explore_steps", "steps", "micro_batch"):
+            if getattr(r, name) <= 0:
+                raise ConfigError(f"rollout.{name} must be positive, got {getattr(r, name)}")
+        if r.mode not in MODES:
+            raise ConfigError(f"rollout.mode must be one of {MODES}, got {r.mode!r}")
+        if r.selection not in SELECTIONS:
+            raise ConfigError(f"rollout.selection must be one of {SELECTIONS}, got {r.selection!r}")
+        if r.mode != "diffusion_nft" and r.kept > r.pool:
+            raise ConfigError(f"rollout.kept (k={r.kept}) must not exceed rollout.pool (n={r.pool})")
+        if r.mode != "diffusion_nft" and r.selection == "best_worst" and r.kept % 2:
+            raise ConfigError(f"rollout.kept must be even for best_worst selection, got {r.kept}")
+        if self.sampler.solver and self.sampler.solver not in SOLVERS:
+            raise ConfigError(f"sampler.solver must be one of {SOLVERS} or empty, got {self.sampler.solver!r}")
+        if self.sampler.guidance < 1.0 or self.sampler.shift <= 0:
+            raise ConfigError("sampler.guidance must be >= 1 and sampler.shift > 0")
+        if not 0 < t.timestep_fraction <= 1:
+            raise ConfigError(f"train.timestep_fraction must be in (0, 1], got {t.timestep_fraction}")
+        for name in ("lr", "micro_batch", "optimizer_steps_per_epoch", "beta", "adv_clip_max", "max_grad_norm"):
+            if getattr(t, name) <= 0:
+                raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
+        if self.lora.rank <= 0 or self.lora.alpha <= 0:
+            raise ConfigError("lora.rank and lora.alpha must be positive")
+        if self.eval.prompts <= 0 or self.eval.seeds_per_prompt <= 0 or self.eval.every < 0:
+            raise ConfigError("eval.prompts and eval.seeds_per_prompt must be positive, eval.every >= 0")
+        if any(s <= 0 for s in self.eval.steps) or not self.eval.steps:
+            raise ConfigError(f"eval.steps must be positive step counts, got {self.eval.steps}")
+        if self.prompt_split not in ("train", "all"):
+            raise ConfigError(f"prompt_split must be 'train' or 'all', got {self.prompt_split!r}")
+        if self.checkpoint_every < 0 or self.threads < 0:
+            raise ConfigError("checkpoint_every and threads must be >= 0")
+        return self
+
+    # ---------------------------------------------------------------- (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        return _build(cls, data, "")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunConfig":
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from e
+        return cls.from_dict(data)
+
+
+# -------------------------------------------------------------------- typed conversion
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping")
+        return _build(tp, value, where + ".")
+    if origin is typing.Union or origin is types.UnionType:
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(inner[0], value, where)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()] if value.strip() else []
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list")
+        item = args[0] if args else str
+        if (len(args) == 2 and args[1] is Ellipsis) or len(args) == 1:
+            return tuple(_convert(item, v, where) for v in value)
+        if len(value) != len(args):
+            raise ConfigError(f"{where} must have {len(args)} items, got {len(value)}")
+        return tuple(_convert(a, v, where) for a, v in zip(args, value))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{where} must be a boolean, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        try:
+            f = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be an integer, got {value!r}") from None
+        if f != int(f):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return int(f)
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where} must be a number, got {value!r}") from None
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported type {tp}")  # pragma: no cover
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {sorted(prefix + u for u in unknown)}")
+    kwargs = {k: _convert(hints[k], v, prefix + k) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
+    """Apply `a.b.c=value` strings. Unknown keys and badly typed values raise ConfigError."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. rollout.pool=48)")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        obj: Any = cfg
+        for i, p in enumerate(parts):
+            if not dataclasses.is_dataclass(obj) or p not in {f.name for f in dataclasses.fields(obj)}:
+                known = sorted(f.name for f in dataclasses.fields(obj)) if dataclasses.is_dataclass(obj) else []
+                raise ConfigError(f"unknown config key {key!r} (at {'.'.join(parts[:i + 1])!r}; known here: {known})")
+            if i < len(parts) - 1:
+                obj = getattr(obj, p)
+        tp = typing.get_type_hints(type(obj))[parts[-1]]
+        if dataclasses.is_dataclass(tp):
+            raise ConfigError(f"{key!r} is a section; set one of its fields, e.g. {key}.<field>=...")
+        value: Any = raw
+        if raw.lower() in ("none", "null") and type(None) in typing.get_args(tp):
+            value = None
+        elif raw.startswith("["):
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{key}: bad list {raw!r} ({e})") from e
+        setattr(obj, parts[-1], _convert(tp, value, key))
+    return cfg
+
+
+# -------------------------------------------------------------------- presets
+
+def _shapes_base(name: str, mode: str) -> RunConfig:
+    """The shapes world, sized for two CPU cores (numbers measured, see docs/shapes.md)."""
+    cfg = RunConfig(name=name, seed=0, epochs=30, threads=0)
+    cfg.lora = LoraConfig(rank=16, alpha=32.0)
+    cfg.rollout = RolloutConfig(
+        mode=mode, prompts_per_epoch=8, pool=32, kept=8, explore_steps=6, steps=10, micro_batch=128,
+        explore_precision=PrecisionConfig(backend="nvfp4-emu"), precision=PrecisionConfig(backend="bf16"),
+    )
+    cfg.train = TrainConfig(lr=1e-3, micro_batch=32, timestep_fraction=0.6, weight_decay=1e-4)
+    cfg.eval = EvalConfig(every=10, steps=(10,), prompts=48, seeds_per_prompt=2)
+    return cfg
+
+
+def shapes_sol_rl() -> RunConfig:
+    return _shapes_base("shapes-sol-rl", "sol_rl")
+
+
+def shapes_diffusion_nft() -> RunConfig:
+    cfg = _shapes_base("shapes-diffusion-nft", "diffusion_nft")
+    cfg.rollout.pool = cfg.rollout.kept
+    return cfg
+
+
+def shapes_naive_scaling() -> RunConfig:
+    return _shapes_base("shapes-naive-scaling", "naive_scaling")
+
+
+def shapes_naive_quant() -> RunConfig:
+    return _shapes_base("shapes-naive-quant", "naive_quant")
+
+
+PRESETS: dict[str, Callable[[], RunConfig]] = {
+    "shapes-sol-rl": shapes_sol_rl,
+    "shapes-diffusion-nft": shapes_diffusion_nft,
+    "shapes-naive-scaling": shapes_naive_scaling,
+    "shapes-naive-quant": shapes_naive_quant,
+}
+DEFAULT_PRESET = "shapes-sol-rl"
+
+
+def get_preset(name: str) -> RunConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; available: {sorted(PRESETS)}")
+    return PRESETS[name]()
+
+
+def resolve(preset: str | None = None, config_file: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """preset (or config file) + overrides, validated."""
+    if preset and config_file:
+        raise ConfigError("give either a preset or a config file, not both")
+    cfg = RunConfig.load(config_file) if config_file else get_preset(preset or DEFAULT_PRESET)
+    return apply_overrides(cfg, overrides or []).validate()

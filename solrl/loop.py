@@ -1,0 +1,273 @@
+"""The embedded two-stage loop: sync -> explore -> select -> regenerate -> advantages -> update -> decay.
+
+All randomness of epoch e is derived from (run seed, e), so a run is reproducible and a resumed run
+continues the same trajectory. Modes (METHOD.md baselines as presets of the same code):
+  sol_rl         n seeds explored in low precision at few steps, k kept, regenerated in BF16 at full steps
+  diffusion_nft  k seeds sampled in BF16 at full steps (no exploration)
+  naive_scaling  all n seeds sampled in BF16 at full steps, k selected by their BF16 rewards
+  naive_quant    all n seeds sampled in low precision at full steps, k selected, trained on directly
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+from tqdm import tqdm
+
+from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter
+from solrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from solrl.config import RunConfig
+from solrl.evaluate import evaluate
+from solrl.models import load_model
+from solrl.models.base import T2IModel
+from solrl.models.shapes_pretrain import PromptSampler
+from solrl.precision import PrecisionConfig, build_backend
+from solrl.rewards import build_reward
+from solrl.rollout import PromptCache, SamplerSpec, explore, generate, regenerate
+from solrl.rollout.workers import InferenceCopy
+from solrl.telemetry import MetricsWriter, plot_reward_curve, read_metrics, save_png
+from solrl.trainer import Batch, NFTTrainer
+from solrl.world.shapes import split_prompts
+
+
+def epoch_rng(seed: int, epoch: int, stream: int) -> tuple[np.random.Generator, torch.Generator]:
+    """Independent numpy / torch generators for (run seed, epoch, stream)."""
+    ss = np.random.SeedSequence([seed, epoch, stream])
+    return np.random.default_rng(ss), torch.Generator().manual_seed(int(ss.generate_state(1, np.uint64)[0] >> 1))
+
+
+@dataclass
+class Session:
+    """Everything built from a config: model, adapters, inference copies, trainer, scorer."""
+
+    cfg: RunConfig
+    model: T2IModel
+    adapters: LoraAdapters
+    trainer: NFTTrainer
+    explorer: InferenceCopy | None
+    scorer: Any
+    sampler: SamplerSpec
+    cache: PromptCache
+    prompts: list[str]
+    version: int = 0
+
+    @classmethod
+    def build(cls, cfg: RunConfig) -> "Session":
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        model = load_model(cfg.model.name, cfg.model.path)
+        spec = model.spec
+        if cfg.rollout.precision.backend not in ("bf16", "fp32"):
+            raise ValueError(f"rollout.precision.backend must be bf16 or fp32 (the trainer's copy), "
+                             f"got {cfg.rollout.precision.backend!r}")
+        # The trainer's base weights carry the regenerator's precision; in the embedded mode the
+        # regenerator samples with the trainer's own model (adapter "old"), sharing one weight copy.
+        build_backend(cfg.rollout.precision).prepare(model.transformer)
+        lora = LoraSpec(rank=cfg.lora.rank, alpha=cfg.lora.alpha,
+                        target_modules=tuple(cfg.lora.targets) or spec.lora_targets, init=cfg.lora.init)
+        adapters = LoraAdapters(model.transformer, lora, seed=cfg.seed)
+        sampler = SamplerSpec(cfg.sampler.solver or spec.default_solver,
+                              cfg.sampler.shift if cfg.sampler.shift != 1.0 else spec.default_shift,
+                              cfg.sampler.guidance)
+        trainer = NFTTrainer(model, adapters, cfg.train, cfg.rollout.steps, sampler.shift)
+        explorer = None
+        if cfg.rollout.mode in ("sol_rl", "naive_quant"):
+            explorer = InferenceCopy(adapters, cfg.rollout.explore_precision, spec.quant_skip, spec.quant_min_features)
+        train_caps, _ = split_prompts()
+        prompts = train_caps if cfg.prompt_split == "train" else sorted(set(train_caps) | set(split_prompts()[1]))
+        return cls(cfg, model, adapters, trainer, explorer, build_reward(cfg.reward), sampler,
+                   PromptCache(model), prompts)
+
+    # ---------------------------------------------------------------- one epoch
+    def sync(self) -> float:
+        """Push the "old" adapter to the inference copies (merge + requantize)."""
+        t0 = time.perf_counter()
+        if self.explorer is not None:
+            self.explorer.sync(self.adapters.merged_weights("old"), self.version)
+        return time.perf_counter() - t0
+
+    def epoch(self, epoch: int) -> dict[str, Any]:
+        cfg, r = self.cfg, self.cfg.rollout
+        rng, tgen = epoch_rng(cfg.seed, epoch, 0)
+        prompts = PromptSampler(self.prompts)(rng, r.prompts_per_epoch)
+        pool = r.kept if r.mode == "diffusion_nft" else r.pool
+        seeds = rng.integers(0, 2**31 - 1, size=(len(prompts), pool)).tolist()
+        rec: dict[str, Any] = {"epoch": epoch + 1, "adapter_version": self.version, "mode": r.mode}
+        rec["time_sync_s"] = self.sync()
+        mb = r.micro_batch
+
+        t0 = time.perf_counter()
+        ex = None
+        if r.mode in ("sol_rl", "naive_quant"):
+            steps = r.explore_steps if r.mode == "sol_rl" else r.steps
+            ex = explore(self.model, self.explorer.module, prompts, seeds, steps, self.sampler, self.scorer,
+                         r.kept, r.selection, tgen, mb, self.cache)
+            rec.update({"explore.reward_mean": float(ex.scores.mean()), "explore.reward_std": float(ex.scores.std()),
+                        "forwards_explore": ex.forwards})
+        rec["time_explore_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        if r.mode == "naive_quant":
+            kept_flat = [p * pool + i for p, idx in enumerate(ex.kept) for i in idx]
+            data_x0 = ex.generated.x0[kept_flat]
+            data_r = ex.scores.reshape(-1)[kept_flat]
+            data_p = [prompts[j // pool] for j in kept_flat]
+            group = [j // pool for j in kept_flat]
+            rec["forwards_regenerate"] = 0
+        else:
+            regen_seeds = ex.kept_seeds() if ex is not None else seeds
+            with self.adapters.use("old"):
+                rg = regenerate(self.model, self.model.transformer, prompts, regen_seeds, r.steps, self.sampler,
+                                self.scorer, mb, self.cache)
+            rec["forwards_regenerate"] = rg.forwards
+            if r.mode == "naive_scaling":
+                rs = rg.rewards.reshape(len(prompts), pool)
+                kept = [list(self._select(torch.from_numpy(rs[p]), tgen)) for p in range(len(prompts))]
+                flat = [p * pool + i for p, idx in enumerate(kept) for i in idx]
+                rec.update({"explore.reward_mean": float(rs.mean()), "explore.reward_std": float(rs.std())})
+            else:
+                flat = list(range(len(rg.seeds)))
+            data_x0, data_r = rg.x0[flat], rg.rewards[flat]
+            data_p, group = [rg.prompts[j] for j in flat], [rg.group[j] for j in flat]
+            if r.mode == "sol_rl":
+                rec.update(_agreement(ex, rg.rewards.reshape(len(prompts), r.kept)))
+        rec["time_regenerate_s"] = time.perf_counter() - t0
+        rec["rollout.reward_mean"] = float(np.mean(data_r))
+        rec["rollout.reward_std"] = float(np.std(data_r))
+        rec["forwards_rollout_total"] = rec.get("forwards_explore", 0) + rec["forwards_regenerate"]
+
+        t0 = time.perf_counter()
+        batch = Batch(data_x0, self.cache(data_p), np.asarray(data_r, dtype=np.float32), group)
+        rec.update(self.trainer.update(batch, tgen))
+        self.version += 1
+        rec["time_train_s"] = time.perf_counter() - t0
+        rec["time_epoch_s"] = rec["time_sync_s"] + rec["time_explore_s"] + rec["time_regenerate_s"] + rec["time_train_s"]
+        return rec
+
+    def _select(self, scores: torch.Tensor, gen: torch.Generator) -> list[int]:
+        from solrl.algo import select
+
+        return select(scores, self.cfg.rollout.kept, self.cfg.rollout.selection, generator=gen)
+
+    def evaluate(self, steps: tuple[int, ...] | None = None) -> tuple[dict[str, Any], dict[int, np.ndarray]]:
+        e = self.cfg.eval
+        with self.adapters.use("ema"):
+            return evaluate(self.model, self.model.transformer, steps or e.steps, e.prompts, e.seeds_per_prompt,
+                            e.seed, self.sampler, self.cfg.rollout.micro_batch, self.cache)
+
+
+def _agreement(ex, bf16_rewards: np.ndarray) -> dict[str, float]:
+    """Proxy (low precision) vs BF16 rewards on the kept seeds: mean gap and Kendall tau per prompt."""
+    proxy = np.stack([ex.scores[p][idx] for p, idx in enumerate(ex.kept)])
+    taus = []
+    for a, b in zip(proxy, bf16_rewards):
+        if np.ptp(a) > 0 and np.ptp(b) > 0:
+            taus.append(stats.kendalltau(a, b).statistic)
+    return {"proxy_gap": float((proxy - bf16_rewards).mean()),
+            "proxy_kendall_tau": float(np.mean(taus)) if taus else float("nan")}
+
+
+def describe_machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import os
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "python": platform.python_version()}
+
+
+def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
+          log=print) -> dict[str, Any]:
+    """Run (or resume) a training run in `run_dir`. Returns the summary also written to summary.json."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = 0
+    sess = Session.build(cfg)
+    if resume:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}")
+        state = load_checkpoint(ckpt, sess.adapters, sess.trainer.opt)
+        start, sess.trainer.global_step, sess.version = state["epoch"], state["global_step"], state["adapter_version"]
+        log(f"resuming {run_dir} after epoch {start}")
+    cfg.save(run_dir / "config.json")
+    writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else None)
+    (run_dir / "eval").mkdir(exist_ok=True)
+    t_run = time.perf_counter()
+    if start == 0:
+        base_eval, grids = sess.evaluate()
+        _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
+        writer.write({"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0})
+        log(f"held-out reward before training (EMA = base): {base_eval['mean_reward']:.4f}")
+    bar = tqdm(range(start, cfg.epochs), desc=cfg.name, disable=not progress, unit="epoch")
+    for e in bar:
+        rec = sess.epoch(e)
+        done = e + 1
+        if cfg.eval.every and done % cfg.eval.every == 0 or done == cfg.epochs:
+            ev, grids = sess.evaluate()
+            _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
+            rec.update({"eval.mean_reward": ev["mean_reward"],
+                        **{f"eval.{k}": v for k, v in ev.items() if k.endswith("_accuracy")}})
+        writer.write(rec)
+        if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):
+            save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version)
+        bar.set_postfix(reward=f"{rec['rollout.reward_mean']:.3f}", loss=f"{rec.get('train.loss', 0):.4f}")
+    writer.close()
+    records = read_metrics(run_dir / "metrics.jsonl")
+    plot_reward_curve(records, run_dir / "reward_curve.png", title=f"{cfg.name} ({cfg.rollout.mode})")
+    (run_dir / "adapter_ema.safetensors").write_bytes(
+        encode_adapter(sess.adapters.state_dict("ema"), sess.version, sess.adapters.spec))
+    evals = [r for r in records if "eval.mean_reward" in r]
+    summary = {
+        "name": cfg.name, "mode": cfg.rollout.mode, "epochs": cfg.epochs,
+        "eval_before": evals[0]["eval.mean_reward"] if evals else None,
+        "eval_after": evals[-1]["eval.mean_reward"] if evals else None,
+        "wall_time_s": round(time.perf_counter() - t_run, 1),
+        "mean_epoch_times_s": {k: float(np.mean([r[k] for r in records if k in r]))
+                               for k in ("time_sync_s", "time_explore_s", "time_regenerate_s", "time_train_s",
+                                         "time_epoch_s") if any(k in r for r in records)},
+        "forwards_per_epoch": {k: int(np.mean([r[k] for r in records if k in r]))
+                               for k in ("forwards_explore", "forwards_regenerate", "forwards_rollout_total")
+                               if any(k in r for r in records)},
+        "explorer_weight_bytes": sess.explorer.weight_bytes() if sess.explorer else None,
+        "machine": describe_machine(),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _save_eval(out: Path, ev: dict[str, Any], grids: dict[int, np.ndarray], writer: MetricsWriter, step: int) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(ev, indent=2) + "\n")
+    for n, g in grids.items():
+        save_png(g, out / f"grid_{n}steps.png")
+        writer.add_image(f"eval/grid_{n}steps", g, step)
+
+
+def load_run_for_eval(run_dir: Path) -> Session:
+    """A session with the run's config and its latest checkpoint's adapters (for `solrl eval`)."""
+    from solrl.checkpoint import load_adapters
+
+    cfg = RunConfig.load(run_dir / "config.json")
+    ckpt = run_dir if (run_dir / "adapters.safetensors").exists() else latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise FileNotFoundError(f"no checkpoint found in {run_dir}")
+    sess = Session.build(cfg)
+    load_adapters(ckpt, sess.adapters)
+    return sess
+
+
+__all__ = ["Session", "train", "epoch_rng", "load_run_for_eval", "describe_machine", "generate", "PrecisionConfig"]
