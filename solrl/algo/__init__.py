@@ -1,0 +1,20 @@
+"""The RL pieces: seed selection, advantages, DiffusionNFT and GRPO losses, old/EMA decay."""
+
+from solrl.algo.advantages import compute_advantages
+from solrl.algo.ema import ema_decay, lerp_params_, old_decay
+from solrl.algo.grpo import grpo_loss
+from solrl.algo.nft import NFTConfig, nft_loss, timestep_indices
+from solrl.algo.selection import SELECTION_MODES, select
+
+__all__ = [
+    "SELECTION_MODES",
+    "NFTConfig",
+    "compute_advantages",
+    "ema_decay",
+    "grpo_loss",
+    "lerp_params_",
+    "nft_loss",
+    "old_decay",
+    "select",
+    "timestep_indices",
+]

@@ -1,0 +1,30 @@
+# solrl — the two set-up commands are `make demo` and `make test`; both create .venv on first use.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export OMP_WAIT_POLICY ?= PASSIVE
+
+.PHONY: venv demo test test-fast clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first and pinned: the CPU wheel (an unpinned torch pulls several GB of CUDA wheels)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/solrl train --preset shapes-sol-rl --out runs/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+clean:
+	rm -rf runs .pytest_cache

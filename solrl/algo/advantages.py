@@ -1,0 +1,40 @@
+"""Group-relative advantages."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+
+import torch
+from torch import Tensor
+
+
+def compute_advantages(
+    rewards_N: Sequence[float] | Tensor,
+    group_ids_N: Sequence[Hashable] | Tensor,
+    eps: float = 1e-4,
+) -> Tensor:
+    """A = (r - mean of r's group) / (std of all r + eps), float64 [N].
+
+    The std is the population std (ddof=0) over the whole batch: the reference tracker
+    (NVlabs/DiffusionNFT `flow_grpo/stat_tracking.py`, `global_std=True`) uses `np.std`, whose
+    default is ddof=0, not torch.std's unbiased ddof=1. Groups are usually prompts.
+    """
+    source = rewards_N.detach().cpu() if isinstance(rewards_N, Tensor) else rewards_N
+    rewards = torch.as_tensor(source, dtype=torch.float64)
+    if rewards.ndim != 1 or rewards.numel() == 0:
+        raise ValueError(f"rewards_N must be a non-empty 1-D sequence, got shape {tuple(rewards.shape)}")
+    if not bool(torch.isfinite(rewards).all()):
+        raise ValueError("rewards_N must be finite")
+    groups = group_ids_N.detach().cpu().tolist() if isinstance(group_ids_N, Tensor) else list(group_ids_N)
+    if len(groups) != rewards.numel():
+        raise ValueError(f"group_ids_N must have {rewards.numel()} entries (one per reward), got {len(groups)}")
+    if not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps must be a finite float > 0, got {eps!r}")
+
+    index_of: dict[Hashable, int] = {}
+    group_index = torch.tensor([index_of.setdefault(g, len(index_of)) for g in groups], dtype=torch.long)
+    sums = torch.zeros(len(index_of), dtype=torch.float64).index_add_(0, group_index, rewards)
+    counts = torch.bincount(group_index, minlength=len(index_of)).to(torch.float64)
+    group_mean = (sums / counts)[group_index]
+    return (rewards - group_mean) / (rewards.std(correction=0) + eps)

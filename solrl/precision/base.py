@@ -1,0 +1,253 @@
+"""The precision-backend interface, its config and the name -> class registry."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import ClassVar
+
+import torch
+from torch import nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
+
+
+@dataclass
+class PrecisionConfig:
+    """Which backend to build and which nn.Linear layers it may quantize.
+
+    `skip` holds fnmatch patterns matched against each Linear's full module name
+    (e.g. "*proj_out*", "caption_projection.*"); `min_features` skips any Linear whose
+    larger dimension max(in, out) is below it; `quantize_activations` picks W4A4 (True)
+    or weight-only quantization (False).
+    """
+
+    backend: str = "bf16"
+    skip: tuple[str, ...] = ()
+    min_features: int = 0
+    quantize_activations: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.backend, str):
+            raise TypeError(f"backend must be a str, got {type(self.backend).__name__}")
+        if isinstance(self.skip, str) or not isinstance(self.skip, (tuple, list)):
+            raise TypeError(f"skip must be a tuple of str patterns, got {self.skip!r}")
+        if not all(isinstance(p, str) for p in self.skip):
+            raise TypeError(f"skip must hold only str patterns, got {self.skip!r}")
+        self.skip = tuple(self.skip)
+        if isinstance(self.min_features, bool) or not isinstance(self.min_features, int):
+            raise TypeError(f"min_features must be an int, got {self.min_features!r}")
+        if self.min_features < 0:
+            raise ValueError(f"min_features must be >= 0, got {self.min_features}")
+        if not isinstance(self.quantize_activations, bool):
+            raise TypeError(
+                f"quantize_activations must be a bool, got {self.quantize_activations!r}"
+            )
+
+
+class QuantLinear(nn.Module):
+    """Marker base for linear layers that hold a quantized weight.
+
+    Subclasses expose `in_features`, `out_features`, `bias` (fp32 or None) and:
+    `quantize_weight(w)` (returns the packed form of a new [out, in] weight without
+    touching the layer), `load_packed(packed)`, `set_weight(w)` and `packed_weight_bytes()`.
+    """
+
+    in_features: int
+    out_features: int
+
+    def quantize_weight(self, weight_OI: torch.Tensor) -> torch.Tensor:
+        """Return the packed form of `weight_OI` without changing the layer."""
+        raise NotImplementedError
+
+    def load_packed(self, packed: torch.Tensor) -> None:
+        """Make `packed` (from `quantize_weight`) the resident weight."""
+        raise NotImplementedError
+
+    def set_weight(self, weight_OI: torch.Tensor) -> None:
+        """Quantize a new high-precision weight [out, in] and keep it resident."""
+        self.load_packed(self.quantize_weight(weight_OI))
+
+    def packed_weight_bytes(self) -> int:
+        """Bytes of the resident packed weight (values and all scales)."""
+        raise NotImplementedError
+
+
+BACKENDS: dict[str, type[PrecisionBackend]] = {}
+
+
+def register_backend(cls: type[PrecisionBackend]) -> type[PrecisionBackend]:
+    """Class decorator: add a backend to `BACKENDS` under its `name`."""
+    if cls.name in BACKENDS:
+        raise ValueError(f"precision backend {cls.name!r} is already registered")
+    BACKENDS[cls.name] = cls
+    return cls
+
+
+def available_backends() -> list[str]:
+    """Names of the registered backends, sorted."""
+    return sorted(BACKENDS)
+
+
+def build_backend(cfg: PrecisionConfig) -> PrecisionBackend:
+    """Instantiate the backend that `cfg.backend` names."""
+    if not isinstance(cfg, PrecisionConfig):
+        raise TypeError(f"cfg must be a PrecisionConfig, got {type(cfg).__name__}")
+    if cfg.backend not in BACKENDS:
+        raise ValueError(
+            f"unknown precision backend {cfg.backend!r}; available: {available_backends()}"
+        )
+    return BACKENDS[cfg.backend](cfg)
+
+
+def is_plain_linear(module: nn.Module) -> bool:
+    """An nn.Linear that is called through its own forward.
+
+    NonDynamicallyQuantizableLinear (nn.MultiheadAttention.out_proj) is excluded: its owner
+    reads `.weight` directly, so replacing it would break the attention.
+    """
+    return isinstance(module, nn.Linear) and not isinstance(
+        module, NonDynamicallyQuantizableLinear
+    )
+
+
+def round_to_bf16(t: torch.Tensor) -> torch.Tensor:
+    """bf16 rounding chosen by device: on CUDA a real bf16 tensor; elsewhere the
+    bf16-rounded values kept in `t`'s own dtype (this CPU has no fast bf16 compute)."""
+    if t.is_cuda:
+        return t.to(torch.bfloat16)
+    return t.to(torch.bfloat16).to(t.dtype)
+
+
+class PrecisionBackend:
+    """One way of holding a model's weights and running its Linear layers.
+
+    Subclasses set `name`, implement `prepare` and, if they quantize, `selected_layers`;
+    `_store` says how a non-quantized tensor is kept (identity by default).
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, cfg: PrecisionConfig) -> None:
+        if not isinstance(cfg, PrecisionConfig):
+            raise TypeError(f"cfg must be a PrecisionConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.quantized_names: tuple[str, ...] = ()
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """Convert `model` in place and return it; sets `quantized_names`."""
+        raise NotImplementedError
+
+    def selected_layers(self, model: nn.Module) -> list[str]:
+        """Names of the nn.Linear layers `prepare` would quantize (none by default)."""
+        check_module(model)
+        return []
+
+    def _store(self, t: torch.Tensor) -> torch.Tensor:
+        """How this backend keeps a non-quantized floating tensor."""
+        return t
+
+    def requantize(self, model: nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+        """Load new high-precision weights [out, in] (e.g. after a LoRA merge).
+
+        Quantized layers re-quantize from them; plain nn.Linear layers get them copied in
+        with this backend's rounding. Everything is validated and converted before the
+        first layer changes, so a bad entry leaves the model as it was.
+        """
+        targets = _validate_weights(model, weights)
+        updates: list[Callable[[], object]] = []
+        with torch.no_grad():
+            for name, module in targets.items():
+                w = weights[name].detach()
+                if isinstance(module, QuantLinear):
+                    updates.append(partial(module.load_packed, module.quantize_weight(w)))
+                else:
+                    dest = module.weight
+                    new = self._store(w.to(device=dest.device, dtype=torch.float32))
+                    updates.append(partial(dest.copy_, new.to(dest.dtype)))
+            for update in updates:
+                update()
+
+    def weight_bytes(self, model: nn.Module) -> dict[str, int]:
+        """Resident weight bytes.
+
+        "quantized": packed bytes of the quantized layers' weights (4-bit values and
+        scales); "quantized_bf16": what those weights take in bf16; "other": every other
+        parameter and buffer at its storage dtype (quantized layers' biases included;
+        on CPU the bf16 backend stores fp32, so 4 bytes per value); "total": quantized + other.
+        """
+        check_module(model)
+        quantized = quantized_bf16 = 0
+        packed_ids: set[int] = set()
+        for module in model.modules():
+            if isinstance(module, QuantLinear):
+                quantized += module.packed_weight_bytes()
+                quantized_bf16 += 2 * module.in_features * module.out_features
+                packed_ids.update(id(b) for b in module.buffers(recurse=False))
+        other = sum(p.numel() * p.element_size() for p in model.parameters())
+        other += sum(
+            b.numel() * b.element_size() for b in model.buffers() if id(b) not in packed_ids
+        )
+        return {
+            "quantized": quantized,
+            "quantized_bf16": quantized_bf16,
+            "other": other,
+            "total": quantized + other,
+        }
+
+
+def select_linear_layers(model: nn.Module, cfg: PrecisionConfig, block_size: int) -> list[str]:
+    """Names of plain nn.Linear layers kept by `cfg.skip` / `cfg.min_features` whose
+    in_features is a multiple of `block_size` (the root module is never selected)."""
+    check_module(model)
+    names = []
+    for name, module in model.named_modules():
+        if not name or not is_plain_linear(module):
+            continue
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in cfg.skip):
+            continue
+        if max(module.in_features, module.out_features) < cfg.min_features:
+            continue
+        if module.in_features % block_size != 0:
+            continue
+        names.append(name)
+    return names
+
+
+def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    """Put `new` at dotted path `name` inside `model`."""
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name), child, new)
+
+
+def check_module(model: nn.Module) -> None:
+    """Raise TypeError unless `model` is an nn.Module."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+
+
+def _validate_weights(
+    model: nn.Module, weights: Mapping[str, torch.Tensor]
+) -> dict[str, nn.Module]:
+    """Check every entry of `weights` against `model`; return name -> module."""
+    check_module(model)
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"weights must be a mapping name -> tensor, got {type(weights).__name__}")
+    modules = dict(model.named_modules())
+    targets: dict[str, nn.Module] = {}
+    for name, w in weights.items():
+        module = modules.get(name) if isinstance(name, str) else None
+        if not (is_plain_linear(module) or isinstance(module, QuantLinear)):
+            raise ValueError(f"weights: {name!r} is not a linear layer of the model")
+        if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+            raise TypeError(f"weights[{name!r}] must be a floating tensor, got {w!r:.80}")
+        expected = (module.out_features, module.in_features)
+        if tuple(w.shape) != expected:
+            raise ValueError(
+                f"weights[{name!r}] has shape {tuple(w.shape)}, expected {expected} [out, in]"
+            )
+        if not bool(torch.isfinite(w).all()):
+            raise ValueError(f"weights[{name!r}] contains NaN or inf")
+        targets[name] = module
+    return targets

@@ -1,0 +1,17 @@
+import os
+
+import pytest
+import torch
+
+# Two cores are shared by the test process and nothing else: one BLAS/OpenMP thread avoids
+# oversubscription when the suite spawns processes.
+torch.set_num_threads(int(os.environ.get("SOLRL_TEST_THREADS", "2")))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
