@@ -554,3 +554,30 @@ def test_cuda_bf16_emulation_and_te_checks() -> None:
                 be.check_environment()
         else:
             be.check_environment()
+
+
+# ---------------------------------------------------------------- fast activation path
+def test_fast_nvfp4_fake_quant_is_bit_identical_to_torchao():
+    from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, f32_to_f4_unpacked
+
+    from solrl.precision.emulated import NVFP4EmuLinear, round_e2m1
+
+    v = torch.linspace(-6, 6, 24001)
+    assert torch.equal(round_e2m1(v), f4_unpacked_to_f32(f32_to_f4_unpacked(v)))
+    gen = torch.Generator().manual_seed(0)
+    for scale in (1.0, 1e-3, 80.0):
+        x = torch.randn(64, 96, generator=gen) * scale
+        x[3, :16] = 0.0  # an all-zero block
+        ref = NVFP4EmuLinear.quantize(x).dequantize(torch.float32)
+        assert torch.equal(NVFP4EmuLinear.fake_quantize(x), ref)
+
+
+def test_cached_dequantized_weight_follows_requantize():
+    from solrl.precision.emulated import NVFP4EmuLinear
+
+    gen = torch.Generator().manual_seed(1)
+    layer = NVFP4EmuLinear(torch.randn(32, 64, generator=gen))
+    w2 = torch.randn(32, 64, generator=gen)
+    layer.set_weight(w2)
+    assert torch.equal(layer.dequantized_weight(), layer.weight_q.dequantize(torch.float32))
+    assert torch.equal(layer.dequantized_weight(), NVFP4EmuLinear.quantize(w2).dequantize(torch.float32))

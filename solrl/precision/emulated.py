@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchao.prototype.mx_formats.config import ScaleCalculationMode
 from torchao.prototype.mx_formats.mx_tensor import MXTensor
-from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
+from torchao.prototype.mx_formats.constants import F4_E2M1_MAX, F8E4M3_MAX
+from torchao.prototype.mx_formats.nvfp4_tensor import E4M3_EPS, NVFP4Tensor, per_tensor_amax_to_scale
 
 from solrl.precision.base import (
     QuantLinear,
@@ -76,6 +77,10 @@ class EmuQuantLinear(QuantLinear):
                 self.bias = nn.Parameter(bias, requires_grad=False)
             packed = self._quantize_on(weight_OI, weight_OI.device)
         self.register_buffer("weight_q", packed, persistent=False)
+        # The packed weight is the resident form (what weight_bytes reports); its fp32 dequantized
+        # image is cached once per (re)quantization so the CPU emulation does not unpack it on
+        # every forward. Numerics are unchanged: it is exactly `weight_q.dequantize(float32)`.
+        self.register_buffer("_weight_dq", packed.dequantize(torch.float32), persistent=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, quantize_activations: bool = True) -> EmuQuantLinear:
@@ -110,10 +115,16 @@ class EmuQuantLinear(QuantLinear):
                 f"{tuple(self.weight_q.shape)}, got {type(packed).__name__} {tuple(packed.shape)}"
             )
         self.weight_q = packed
+        self._weight_dq = packed.dequantize(torch.float32)
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weight as the layer uses it: [out, in] fp32."""
-        return self.weight_q.dequantize(torch.float32)
+        return self._weight_dq
+
+    @classmethod
+    def fake_quantize(cls, t_MK: torch.Tensor) -> torch.Tensor:
+        """quantize -> dequantize of a fp32 matrix along K, as one fp32 tensor (activations)."""
+        return cls.quantize(t_MK).dequantize(torch.float32)
 
     def packed_weight_bytes(self) -> int:
         """Bytes of the resident packed weight (4-bit values and all scales)."""
@@ -125,7 +136,7 @@ class EmuQuantLinear(QuantLinear):
         with torch.no_grad():
             x_MK = x.reshape(-1, self.in_features).to(torch.float32).contiguous()
             if self.quantize_activations and x_MK.numel() > 0:
-                x_MK = self.quantize(x_MK).dequantize(torch.float32)
+                x_MK = self.fake_quantize(x_MK)
             y_MN = F.linear(x_MK, self.dequantized_weight(), self.bias)
         return y_MN.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
@@ -134,6 +145,15 @@ class EmuQuantLinear(QuantLinear):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"bias={self.bias is not None}, quantize_activations={self.quantize_activations}"
         )
+
+
+def round_e2m1(x: torch.Tensor) -> torch.Tensor:
+    """Round values in [-6, 6] to the E2M1 grid {0, 0.5, 1, 1.5, 2, 3, 4, 6} (and negatives), ties to
+    the even encoding, as a hardware cast does. The grid spacing is 0.5 below 2, 1 in [2, 4), 2 from 4:
+    torch.round (half to even) on value / spacing gives round-half-to-even mantissas on each segment."""
+    a = x.abs()
+    step = ((a >= 2).to(a.dtype) + 1) * ((a >= 4).to(a.dtype) + 1) * 0.5
+    return torch.copysign(a.div_(step).round_().mul_(step), x)
 
 
 class NVFP4EmuLinear(EmuQuantLinear):
@@ -154,6 +174,22 @@ class NVFP4EmuLinear(EmuQuantLinear):
         return NVFP4Tensor.to_nvfp4(
             t_MK, block_size=cls.block_size, per_tensor_scale=per_tensor_amax_to_scale(amax)
         )
+
+    @classmethod
+    def fake_quantize(cls, t_MK: torch.Tensor) -> torch.Tensor:
+        """NVFP4 quantize -> dequantize without packing (written by hand for CPU speed: torchao's
+        path packs and unpacks nibbles, ~5x slower here). It repeats torchao's float operations in
+        the same order (`nvfp4_quantize`, then `dequantize`), so the result is bit-identical to
+        `to_nvfp4(...).dequantize(float32)`; tests/test_precision.py checks that."""
+        amax = t_MK.abs().amax()
+        amax = torch.where(amax > 0, amax, torch.ones_like(amax))
+        pts = per_tensor_amax_to_scale(amax)
+        m, k = t_MK.shape
+        blocks = t_MK.float().reshape(m, k // cls.block_size, cls.block_size)
+        block_scale = blocks.abs().amax(dim=-1) / F4_E2M1_MAX
+        s8 = torch.clamp(block_scale / pts, min=E4M3_EPS, max=F8E4M3_MAX).to(torch.float8_e4m3fn).float()
+        scaled = torch.clamp(blocks * ((1.0 / pts) / s8).unsqueeze(-1), -F4_E2M1_MAX, F4_E2M1_MAX)
+        return (round_e2m1(scaled) * (pts * s8).unsqueeze(-1)).reshape(m, k)
 
 
 class MXFP4EmuLinear(EmuQuantLinear):
