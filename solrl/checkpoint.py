@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
 from solrl.adapters import LoraAdapters
+from solrl.adapters.wire import canonical_safetensors
 
 
 def _opt_to_flat(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -54,15 +55,19 @@ def save_checkpoint(run_dir: Path, epoch: int, adapters: LoraAdapters, opt: torc
     tmp.mkdir(parents=True)
     ad = {f"{name}/{k}": v.detach().contiguous() for name in adapters.ADAPTERS
           for k, v in adapters.state_dict(name).items()}
-    save_file(ad, str(tmp / "adapters.safetensors"), metadata={"format": "solrl-adapters", "epoch": str(epoch)})
+    _write(tmp / "adapters.safetensors", ad, {"format": "solrl-adapters", "epoch": str(epoch)})
     tensors, meta = _opt_to_flat(opt)
-    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    _write(tmp / "optimizer.safetensors", tensors, {"format": "solrl-optimizer"})
     state = {"epoch": epoch, "global_step": global_step, "adapter_version": version, "optimizer": meta}
     (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     (ckpt_root / "latest").write_text(final.name + "\n")
     return final
+
+
+def _write(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    path.write_bytes(canonical_safetensors(save(tensors, metadata=metadata)))
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

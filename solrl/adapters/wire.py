@@ -100,10 +100,11 @@ def encode_adapter(
             raise ValueError(f"extra key {key!r} is reserved")
         metadata[key] = value
     tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
-    return _canonical(safetensors.torch.save(tensors, metadata=metadata))
+    return canonical_safetensors(safetensors.torch.save(tensors, metadata=metadata))
 
 
-def _canonical(data: bytes) -> bytes:
+def canonical_safetensors(data: bytes) -> bytes:
+    """The same safetensors bytes with a deterministic header (metadata sorted)."""
     # safetensors writes "__metadata__" in hash-map order (it differs between calls), so the same
     # adapter would hash differently; rewrite the header with sorted metadata. Header layout
     # (8-byte little-endian length, JSON, space padding to 8 bytes) per the safetensors spec.

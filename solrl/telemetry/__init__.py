@@ -31,12 +31,14 @@ class MetricsWriter:
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
     def write(self, record: dict[str, Any]) -> None:
+        # strict JSON: a non-finite value (e.g. Kendall tau of a constant ranking) is written as null
+        record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         with self.path.open("a") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.write(json.dumps(record, sort_keys=True, allow_nan=False) + "\n")
         if self._tb is not None:
             step = int(record["epoch"])
             for k, v in record.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and k != "epoch":
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch":
                     self._tb.add_scalar(k.replace(".", "/"), v, step)
             self._tb.flush()
 

@@ -1,0 +1,140 @@
+"""The embedded loop: determinism, exact resume, the four modes, forward counts, and run outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from solrl.config import get_preset
+from solrl.loop import Session, train
+from solrl.models.shapes import ShapesModel
+from solrl.rollout import SamplerSpec, generate
+from solrl.telemetry import read_metrics, strip_timings
+
+# jpeg_compressibility gives a random model real reward differences (the shapes reward would be 0 for all).
+TINY = ["reward=jpeg_compressibility", "rollout.prompts_per_epoch=2", "rollout.pool=6", "rollout.kept=4", "rollout.explore_steps=2",
+        "rollout.steps=3", "train.micro_batch=4", "eval.prompts=3", "eval.seeds_per_prompt=1", "eval.every=0",
+        "tensorboard=false", "lora.rank=4", "lora.alpha=8"]
+
+
+@pytest.fixture(scope="module")
+def random_model_dir(tmp_path_factory) -> Path:
+    """A seeded random shapes model: the loop's mechanics do not need trained weights."""
+    d = tmp_path_factory.mktemp("rand_shapes")
+    ShapesModel.random(seed=0).save(d)
+    return d
+
+
+def tiny_cfg(model_dir: Path, preset: str = "shapes-sol-rl", epochs: int = 2, extra: list[str] | None = None):
+    from solrl.config import apply_overrides
+
+    return apply_overrides(get_preset(preset), TINY + [f"model.path={model_dir}", f"epochs={epochs}"]
+                           + (extra or [])).validate()
+
+
+def test_same_seed_gives_identical_metrics_and_adapters(random_model_dir, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(tiny_cfg(random_model_dir), a, progress=False, log=lambda *_: None)
+    train(tiny_cfg(random_model_dir), b, progress=False, log=lambda *_: None)
+    ma = [strip_timings(r) for r in read_metrics(a / "metrics.jsonl")]
+    mb = [strip_timings(r) for r in read_metrics(b / "metrics.jsonl")]
+    assert ma == mb
+    assert len(ma) == 3  # epoch 0 (evaluation before training) + 2 epochs
+    assert (a / "adapter_ema.safetensors").read_bytes() == (b / "adapter_ema.safetensors").read_bytes()
+    # and a different seed gives a different trajectory
+    c = tmp_path / "c"
+    train(tiny_cfg(random_model_dir, extra=["seed=1"]), c, progress=False, log=lambda *_: None)
+    assert [strip_timings(r) for r in read_metrics(c / "metrics.jsonl")][1:] != ma[1:]
+
+
+def test_resume_continues_the_same_trajectory(random_model_dir, tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(tiny_cfg(random_model_dir, epochs=3), full, progress=False, log=lambda *_: None)
+    train(tiny_cfg(random_model_dir, epochs=1), part, progress=False, log=lambda *_: None)
+    # resume with more epochs, as `solrl train --resume DIR --epochs 3` does
+    cfg = tiny_cfg(random_model_dir, epochs=3)
+    train(cfg, part, resume=True, progress=False, log=lambda *_: None)
+    for name in ("adapters.safetensors", "optimizer.safetensors"):
+        assert (full / "checkpoints/epoch_0003" / name).read_bytes() == (part / "checkpoints/epoch_0003" / name).read_bytes()
+    assert (full / "adapter_ema.safetensors").read_bytes() == (part / "adapter_ema.safetensors").read_bytes()
+    # the 1-epoch run also evaluated at its end (epoch 1); compare everything else
+    def train_only(path):
+        return [{k: v for k, v in strip_timings(r).items() if not k.startswith("eval.")}
+                for r in read_metrics(path / "metrics.jsonl")]
+
+    assert train_only(full) == train_only(part)
+    assert len(train_only(part)) == 4
+
+
+def test_resume_without_checkpoint_is_a_clear_error(random_model_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train(tiny_cfg(random_model_dir), tmp_path / "empty", resume=True, progress=False)
+
+
+@pytest.mark.parametrize("preset", ["shapes-sol-rl", "shapes-diffusion-nft", "shapes-naive-scaling",
+                                    "shapes-naive-quant"])
+def test_modes_run_and_count_forwards(random_model_dir, tmp_path, preset):
+    cfg = tiny_cfg(random_model_dir, preset, epochs=1)
+    s = train(cfg, tmp_path / preset, progress=False, log=lambda *_: None)
+    rec = read_metrics(tmp_path / preset / "metrics.jsonl")[-1]
+    P, n, k, es, fs = 2, 6, 4, 2, 3  # prompts, pool, kept, explore steps, full steps (TINY)
+    expected = {
+        "shapes-sol-rl": (P * n * es, P * k * fs),
+        "shapes-diffusion-nft": (0, P * k * fs),
+        "shapes-naive-scaling": (0, P * n * fs),
+        "shapes-naive-quant": (P * n * fs, 0),
+    }[preset]
+    assert (rec.get("forwards_explore", 0), rec["forwards_regenerate"]) == expected
+    assert rec["train.samples"] == P * k
+    assert np.isfinite(rec["train.loss"])
+    assert rec["rollout.reward_std"] > 0 and rec["train.grad_norm"] > 0
+    if preset == "shapes-sol-rl":
+        assert "proxy_gap" in rec and "proxy_kendall_tau" in rec
+        assert s["explorer_weight_bytes"]["quantized"] <= 0.30 * s["explorer_weight_bytes"]["quantized_bf16"]
+    for f in ("config.json", "summary.json", "reward_curve.png", "adapter_ema.safetensors",
+              "checkpoints/latest", "eval/epoch_0001/eval.json", "eval/epoch_0001/grid_10steps.png"):
+        assert (tmp_path / preset / f).exists(), f
+
+
+def test_regeneration_is_batch_independent(random_model_dir):
+    sess = Session.build(tiny_cfg(random_model_dir))
+    prompts = ["a red circle", "two blue squares", "a green triangle above a cyan circle"] * 3
+    seeds = list(range(100, 109))
+    sampler = SamplerSpec("euler")
+    with sess.adapters.use("old"):
+        whole = generate(sess.model, sess.model.transformer, prompts, seeds, 3, sampler, micro_batch=16)
+        alone = generate(sess.model, sess.model.transformer, prompts[4:5], seeds[4:5], 3, sampler, micro_batch=1)
+        chunks = generate(sess.model, sess.model.transformer, prompts, seeds, 3, sampler, micro_batch=4)
+    torch.testing.assert_close(alone.x0[0], whole.x0[4], rtol=0, atol=1e-5)
+    torch.testing.assert_close(chunks.x0, whole.x0, rtol=0, atol=1e-5)
+    assert np.array_equal(alone.images[0], whole.images[4])
+
+
+def test_training_changes_the_adapter_and_old_follows(random_model_dir):
+    sess = Session.build(tiny_cfg(random_model_dir))
+    before = [p.clone() for p in sess.adapters.parameters("default")]
+    rec = sess.epoch(0)
+    after = sess.adapters.parameters("default")
+    assert any(not torch.equal(a, b) for a, b in zip(before, after))
+    # first optimizer step: old decay is min(0.001*1, 0.5) -> old ~= new
+    for o, d in zip(sess.adapters.parameters("old"), after):
+        torch.testing.assert_close(o, d, rtol=0, atol=float((d.abs().max() * 0.0011)) + 1e-12)
+    assert rec["adapter_version"] == 0 and sess.version == 1
+
+
+def test_run_dir_outputs(random_model_dir, tmp_path):
+    run = tmp_path / "r"
+    train(tiny_cfg(random_model_dir, extra=["tensorboard=true"]), run, progress=False, log=lambda *_: None)
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["rollout"]["pool"] == 6
+    recs = read_metrics(run / "metrics.jsonl")
+    keys = set(recs[-1])
+    for k in ("explore.reward_mean", "explore.reward_std", "rollout.reward_mean", "rollout.reward_std",
+              "proxy_gap", "proxy_kendall_tau", "time_explore_s", "time_regenerate_s", "time_train_s",
+              "forwards_explore", "forwards_regenerate", "train.loss", "train.grad_norm", "adapter_version"):
+        assert k in keys, k
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
