@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv demo test test-fast clean
+.PHONY: venv protos demo test test-fast clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,13 +17,17 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+# gRPC/protobuf stubs are generated (never committed) into the git-ignored solrl/pb/
+protos: $(STAMP)
+	$(BIN)/python -m solrl.protos_build
+
+demo: protos
 	$(BIN)/solrl train --preset shapes-sol-rl --out runs/demo
 
-test: $(STAMP)
+test: protos
 	$(BIN)/python -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: protos
 	$(BIN)/python -m pytest -q -m "not slow"
 
 clean:

@@ -84,12 +84,25 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    cfg = PretrainConfig(steps=a.steps, batch_size=a.batch_size, seed=a.seed)
+    cfg = PretrainConfig(steps=a.steps, batch_size=a.batch_size, seed=a.seed, init_from=a.init_from,
+                         **({"lr": a.lr} if a.lr else {}), **({"warmup": a.warmup} if a.warmup is not None else {}))
     if cfg.steps <= 0 or cfg.batch_size <= 0:
         raise ConfigError("--steps and --batch-size must be positive")
     pretrain(cfg, Path(a.out), progress=not a.no_progress)
     print(f"saved checkpoints under {a.out}")
     return 0
+
+
+def _missing_services(err: ImportError) -> int:
+    print(f"solrl: error: the services are not available ({err}); run `make protos` in the repository",
+          file=sys.stderr)
+    return 2
+
+
+def cmd_serve_reward(a: argparse.Namespace) -> int:
+    from services.reward.server import run
+
+    return run(a) or 0
 
 
 def cmd_list(a: argparse.Namespace) -> int:
@@ -139,8 +152,22 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--batch-size", type=int, default=64)
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--threads", type=int, default=0)
+    sp.add_argument("--init-from", default=None, help="continue from saved weights (second phase)")
+    sp.add_argument("--lr", type=float, default=None)
+    sp.add_argument("--warmup", type=int, default=None)
     sp.add_argument("--no-progress", action="store_true")
     sp.set_defaults(fn=cmd_pretrain)
+
+    sv = sub.add_parser("serve", help="run one service role (what containers run)")
+    roles = sv.add_subparsers(dest="role", required=True)
+    rw = roles.add_parser("reward", help="reward service: solrl.reward.v1 + KServe v2 / Triton gRPC")
+    try:  # the service shells need the generated stubs (`make protos`); the core CLI does not
+        from services.reward.server import add_arguments as _reward_args
+
+        _reward_args(rw)
+        rw.set_defaults(fn=cmd_serve_reward)
+    except ImportError as err:
+        rw.set_defaults(fn=lambda a, err=err: _missing_services(err))
 
     for what in ("presets", "models", "rewards"):
         lp = sub.add_parser(what, help=f"list {what}")

@@ -124,7 +124,11 @@ def build_protos(proto_root: Path = PROTO_ROOT, out_dir: Path = OUT_DIR, *, pack
         old = out_dir.with_name(f".{out_dir.name}-old-{os.getpid()}")
         if out_dir.exists():
             out_dir.rename(old)
-        tmp.rename(out_dir)
+        try:
+            tmp.rename(out_dir)
+        except OSError:  # a concurrent build swapped its tree in first; fine if it built the same protos
+            if not (stamp.is_file() and stamp.read_text().strip() == digest):
+                raise
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -8,6 +8,13 @@ import torch
 torch.set_num_threads(int(os.environ.get("SOLRL_TEST_THREADS", "2")))
 
 
+def pytest_configure(config):
+    # Generated protobuf stubs are imported at collection time by the service tests.
+    from solrl.protos_build import build_protos
+
+    build_protos()
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

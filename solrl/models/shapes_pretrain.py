@@ -35,6 +35,7 @@ class PretrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     save_every: int = 250
+    init_from: str | None = None   # continue from saved weights (a second phase); None = random init
 
 
 class PromptSampler:
@@ -56,6 +57,13 @@ class PromptSampler:
         return out
 
 
+def _parent_card(init_from: str | None) -> dict | None:
+    if not init_from:
+        return None
+    card = Path(init_from) / "card.json"
+    return json.loads(card.read_text()) if card.exists() else {"path": str(init_from)}
+
+
 def lr_at(step: int, cfg: PretrainConfig) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -65,7 +73,7 @@ def lr_at(step: int, cfg: PretrainConfig) -> float:
 
 def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesModel:
     out.mkdir(parents=True, exist_ok=True)
-    model = ShapesModel.random(cfg.seed)
+    model = ShapesModel.load(cfg.init_from) if cfg.init_from else ShapesModel.random(cfg.seed)
     model.transformer.train().requires_grad_(True)
     model.text_encoder.train().requires_grad_(True)
     params = [*model.transformer.parameters(), *model.text_encoder.parameters()]
@@ -100,7 +108,7 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
         bar.set_postfix(loss=f"{rec['loss']:.4f}")
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             card = {"config": asdict(cfg), "steps_done": step + 1, "elapsed_s": rec["elapsed_s"],
-                    "torch_threads": torch.get_num_threads()}
+                    "torch_threads": torch.get_num_threads(), "parent": _parent_card(cfg.init_from)}
             model.save(out / f"step_{step + 1:05d}", card)
     model.transformer.eval().requires_grad_(False)
     model.text_encoder.eval().requires_grad_(False)

@@ -151,8 +151,8 @@ def score_spec(image: np.ndarray, spec: Spec) -> dict[str, float]:
     has_pos = spec.relation is not None or spec.position is not None
     best = _best_match(dets, spec)
     count = max(0.0, 1.0 - abs(len(dets) - m) / m)
-    parts = {"colour": best[0], "shape": best[1], "count": count,
-             "position": best[2] if has_pos else float("nan")}
+    parts = {"colour": float(best[0]), "shape": float(best[1]), "count": float(count),
+             "position": float(best[2]) if has_pos else float("nan")}
     vals = [v for v in parts.values() if not np.isnan(v)]
     return {"total": float(np.mean(vals)), **parts}
 

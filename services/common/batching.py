@@ -1,0 +1,159 @@
+"""A small dynamic batcher: concurrent requests share one call of a batch function.
+
+Written by hand (no library here does request batching for a plain callable): a worker thread takes
+the first waiting request, then collects more for up to `max_delay_s` or until `max_batch` items,
+makes one call on the concatenated batch and hands each caller its slice. Only requests whose items
+have the same trailing shape are concatenated; the others wait for the next call. A request larger
+than `max_batch` is called alone, never split. If a batched call fails, each request in it is
+retried alone so that one bad request fails only its own caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.common.errors import UnavailableError
+
+log = logging.getLogger(__name__)
+
+BatchFn = Callable[[np.ndarray, list], np.ndarray]
+
+
+@dataclass
+class _Request:
+    items: np.ndarray                 # [n, ...]
+    meta: list                        # n per-item values (e.g. prompts)
+    future: Future = field(default_factory=Future)
+
+
+class DynamicBatcher:
+    """Batches calls of `fn(items [N, ...], meta list[N]) -> results [N, ...]` across threads.
+
+    observe(n_requests, n_items, seconds) is called after every call of fn (for metrics).
+    """
+
+    def __init__(self, fn: BatchFn, *, max_batch: int = 64, max_delay_s: float = 0.005, name: str = "batcher",
+                 observe: Callable[[int, int, float], None] | None = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+        if not max_delay_s >= 0:
+            raise ValueError(f"max_delay_s must be >= 0, got {max_delay_s!r}")
+        self.fn, self.max_batch, self.max_delay_s, self.observe = fn, max_batch, float(max_delay_s), observe
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._carry: deque[_Request] = deque()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()  # orders submit() against close(): nothing is queued after the sentinel
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._closed.is_set()
+
+    def submit(self, items: np.ndarray, meta: Sequence) -> Future:
+        """Queue one request; the future resolves to fn's results for exactly these items."""
+        if not isinstance(items, np.ndarray) or items.ndim < 1:
+            raise TypeError(f"items must be a numpy array with a leading batch axis, got {type(items).__name__}")
+        if len(meta) != len(items):
+            raise ValueError(f"got {len(items)} items but {len(meta)} meta values")
+        req = _Request(items, list(meta))
+        with self._lock:
+            if self._closed.is_set():
+                raise UnavailableError("the batcher is shut down")
+            self._queue.put(req)
+        return req.future
+
+    def __call__(self, items: np.ndarray, meta: Sequence) -> np.ndarray:
+        """Submit and wait for the result (re-raises the call's exception)."""
+        return self.submit(items, meta).result()
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        """Stop the worker; requests still waiting fail with UnavailableError."""
+        with self._lock:
+            self._closed.set()
+            self._queue.put(None)
+        self._thread.join(timeout)
+
+    # ------------------------------------------------------------------ worker
+
+    def _next(self, timeout: float | None) -> _Request | None:
+        if self._carry:
+            return self._carry.popleft()
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _collect(self, first: _Request) -> list[_Request]:
+        batch, n = [first], len(first.items)
+        deadline = time.monotonic() + self.max_delay_s
+        skipped: list[_Request] = []
+        while n < self.max_batch and not self._closed.is_set():
+            req = self._next(max(0.0, deadline - time.monotonic()))
+            if req is None:
+                if time.monotonic() >= deadline or self._closed.is_set():
+                    break
+                continue
+            if req.items.shape[1:] != first.items.shape[1:] or n + len(req.items) > self.max_batch:
+                skipped.append(req)
+                if n + len(req.items) > self.max_batch:
+                    break
+                continue
+            batch.append(req)
+            n += len(req.items)
+        self._carry.extendleft(reversed(skipped))
+        return batch
+
+    def _call(self, batch: list[_Request]) -> None:
+        items = batch[0].items if len(batch) == 1 else np.concatenate([r.items for r in batch])
+        meta = [m for r in batch for m in r.meta]
+        t0 = time.perf_counter()
+        try:
+            out = np.asarray(self.fn(items, meta))
+            if out.shape[:1] != (len(items),):
+                raise RuntimeError(f"batch function returned shape {list(out.shape)} for {len(items)} items")
+        except Exception as exc:  # handed to the callers, not swallowed
+            if len(batch) == 1:
+                batch[0].future.set_exception(exc)
+            else:  # find the culprit(s): every request alone
+                for r in batch:
+                    self._call([r])
+            return
+        finally:
+            if self.observe is not None:
+                self.observe(len(batch), len(items), time.perf_counter() - t0)
+        start = 0
+        for r in batch:
+            r.future.set_result(out[start:start + len(r.items)])
+            start += len(r.items)
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            first = self._next(None)
+            if first is None:  # the close() sentinel
+                break
+            self._call(self._collect(first))
+        for req in [*self._carry, *_drain(self._queue)]:
+            if req is not None:
+                req.future.set_exception(UnavailableError("the server is shutting down"))
+
+
+def _drain(q: queue.Queue) -> list:
+    """Everything left in a queue, without blocking."""
+    items = []
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items

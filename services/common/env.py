@@ -1,0 +1,40 @@
+"""Addresses from the environment. Only service shells read these; the core library never does."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ENV_HOST = "SOLRL_BIND_HOST"
+ENV_GRPC_PORT = "SOLRL_GRPC_PORT"
+ENV_HTTP_PORT = "SOLRL_HTTP_PORT"
+
+
+def _port(environ: Mapping[str, str], name: str, default: int) -> int:
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        port = int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a port number, got {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{name} must be in [0, 65535], got {port}")
+    return port
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """Where a service listens: one host, a gRPC port and an HTTP (ops) port; 0 = any free port."""
+
+    host: str
+    grpc_port: int
+    http_port: int
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], *, grpc_port: int, http_port: int,
+                 host: str = "0.0.0.0") -> Addresses:
+        """SOLRL_BIND_HOST, SOLRL_GRPC_PORT and SOLRL_HTTP_PORT over the given defaults."""
+        return cls(host=environ.get(ENV_HOST, "").strip() or host,
+                   grpc_port=_port(environ, ENV_GRPC_PORT, grpc_port),
+                   http_port=_port(environ, ENV_HTTP_PORT, http_port))

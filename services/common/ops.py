@@ -1,0 +1,75 @@
+"""The ops plane of every service: a small FastAPI app (/healthz, /readyz, /metrics, /v1/info) and a
+uvicorn runner for it on a socket bound up front (so port 0 works and the bound port is known)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from services.common.metrics import ServiceMetrics
+
+
+def create_ops_app(*, metrics: ServiceMetrics, ready: Callable[[], bool],
+                   info: Callable[[], dict[str, Any]]) -> FastAPI:
+    """/healthz: the process is up; /readyz: 200 when ready() else 503; /metrics: Prometheus text;
+    /v1/info: info() as JSON."""
+    app = FastAPI(title=f"solrl {metrics.service} ops", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    def readyz() -> JSONResponse:
+        ok = bool(ready())
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/info")
+    def service_info() -> dict[str, Any]:
+        return info()
+
+    return app
+
+
+class HttpServer:
+    """uvicorn serving an app from a background thread; signals stay with the caller."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        if not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            self._sock = socket.create_server((host, port), family=family)
+        except OSError as exc:
+            raise OSError(f"cannot bind the HTTP server to {host}:{port}: {exc}") from None
+        self.host, self.port = host, self._sock.getsockname()[1]
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        name="ops-http", daemon=True)
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start serving; returns once uvicorn accepts connections."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the HTTP server on {self.host}:{self.port} did not start")
+            time.sleep(0.01)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._sock.close()
