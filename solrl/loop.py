@@ -11,6 +11,7 @@ continues the same trajectory. Modes (METHOD.md baselines as presets of the same
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -29,9 +30,9 @@ from solrl.evaluate import evaluate
 from solrl.models import load_model
 from solrl.models.base import T2IModel
 from solrl.models.shapes_pretrain import PromptSampler
-from solrl.precision import PrecisionConfig, build_backend
+from solrl.precision import build_backend
 from solrl.rewards import build_reward
-from solrl.rollout import PromptCache, SamplerSpec, explore, generate, regenerate
+from solrl.rollout import PromptCache, SamplerSpec, explore, regenerate
 from solrl.rollout.workers import InferenceCopy
 from solrl.telemetry import MetricsWriter, plot_reward_curve, read_metrics, save_png
 from solrl.trainer import Batch, NFTTrainer
@@ -94,19 +95,22 @@ class Session:
             self.explorer.sync(self.adapters.merged_weights("old"), self.version)
         return time.perf_counter() - t0
 
-    def epoch(self, epoch: int) -> dict[str, Any]:
+    def epoch(self, epoch: int, on_stage=lambda stage: None) -> dict[str, Any]:
+        """One epoch; `on_stage(name)` is called as each stage starts (for a progress display)."""
         cfg, r = self.cfg, self.cfg.rollout
         rng, tgen = epoch_rng(cfg.seed, epoch, 0)
         prompts = PromptSampler(self.prompts)(rng, r.prompts_per_epoch)
         pool = r.kept if r.mode == "diffusion_nft" else r.pool
         seeds = rng.integers(0, 2**31 - 1, size=(len(prompts), pool)).tolist()
         rec: dict[str, Any] = {"epoch": epoch + 1, "adapter_version": self.version, "mode": r.mode}
+        on_stage("sync")
         rec["time_sync_s"] = self.sync()
         mb = r.micro_batch
 
         t0 = time.perf_counter()
         ex = None
         if r.mode in ("sol_rl", "naive_quant"):
+            on_stage("explore")
             steps = r.explore_steps if r.mode == "sol_rl" else r.steps
             ex = explore(self.model, self.explorer.module, prompts, seeds, steps, self.sampler, self.scorer,
                          r.kept, r.selection, tgen, mb, self.cache)
@@ -115,6 +119,7 @@ class Session:
         rec["time_explore_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
+        on_stage("regenerate" if r.mode != "naive_quant" else "select")
         if r.mode == "naive_quant":
             kept_flat = [p * pool + i for p, idx in enumerate(ex.kept) for i in idx]
             data_x0 = ex.generated.x0[kept_flat]
@@ -145,6 +150,7 @@ class Session:
         rec["forwards_rollout_total"] = rec.get("forwards_explore", 0) + rec["forwards_regenerate"]
 
         t0 = time.perf_counter()
+        on_stage("train")
         batch = Batch(data_x0, self.cache(data_p), np.asarray(data_r, dtype=np.float32), group)
         rec.update(self.trainer.update(batch, tgen))
         self.version += 1
@@ -184,8 +190,6 @@ def describe_machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    import os
-
     return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "python": platform.python_version()}
 
@@ -214,9 +218,10 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         log(f"held-out reward before training (EMA = base): {base_eval['mean_reward']:.4f}")
     bar = tqdm(range(start, cfg.epochs), desc=cfg.name, disable=not progress, unit="epoch")
     for e in bar:
-        rec = sess.epoch(e)
+        rec = sess.epoch(e, on_stage=lambda st, e=e: bar.set_description(f"{cfg.name} epoch {e + 1} {st}"))
         done = e + 1
         if cfg.eval.every and done % cfg.eval.every == 0 or done == cfg.epochs:
+            bar.set_description(f"{cfg.name} epoch {done} eval")
             ev, grids = sess.evaluate()
             _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
             rec.update({"eval.mean_reward": ev["mean_reward"],
@@ -270,4 +275,4 @@ def load_run_for_eval(run_dir: Path) -> Session:
     return sess
 
 
-__all__ = ["Session", "train", "epoch_rng", "load_run_for_eval", "describe_machine", "generate", "PrecisionConfig"]
+__all__ = ["Session", "train", "epoch_rng", "load_run_for_eval", "describe_machine"]

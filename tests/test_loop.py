@@ -138,3 +138,21 @@ def test_run_dir_outputs(random_model_dir, tmp_path):
               "forwards_explore", "forwards_regenerate", "train.loss", "train.grad_norm", "adapter_version"):
         assert k in keys, k
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_cli_train_then_eval_of_the_run(random_model_dir, tmp_path, capsys):
+    from solrl.cli import main
+
+    run = tmp_path / "cli_run"
+    args = ["train", "--out", str(run), "--epochs", "1", "--no-progress"]
+    for o in TINY + [f"model.path={random_model_dir}"]:
+        args += ["--set", o]
+    assert main(args) == 0
+    assert "held-out exact reward (EMA adapter)" in capsys.readouterr().out
+    assert main(args) == 2  # the same --out again: refuses to overwrite a run
+    assert "already holds a run" in capsys.readouterr().err
+    out = tmp_path / "ev"
+    assert main(["eval", "--checkpoint", str(run), "--out", str(out), "--steps", "2", "--prompts", "2"]) == 0
+    ev = json.loads((out / "eval.json").read_text())
+    assert ev["checkpoint"] == str(run) and ev["adapter"] == "ema" and ev["n"] == 2
+    assert 0.0 <= ev["mean_reward"] <= 1.0 and (out / "grid_2steps.png").exists()
