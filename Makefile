@@ -22,6 +22,7 @@ protos: $(STAMP)
 	$(BIN)/python -m solrl.protos_build
 
 demo: protos
+	rm -rf runs/demo
 	$(BIN)/solrl train --preset shapes-sol-rl --out runs/demo
 
 test: protos
