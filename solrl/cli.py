@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -99,12 +100,6 @@ def _missing_services(err: ImportError) -> int:
     return 2
 
 
-def cmd_serve_reward(a: argparse.Namespace) -> int:
-    from services.reward.server import run
-
-    return run(a) or 0
-
-
 def cmd_list(a: argparse.Namespace) -> int:
     if a.what == "presets":
         for n in sorted(PRESETS):
@@ -161,13 +156,17 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="run one service role (what containers run)")
     roles = sv.add_subparsers(dest="role", required=True)
     rw = roles.add_parser("reward", help="reward service: solrl.reward.v1 + KServe v2 / Triton gRPC")
-    try:  # the service shells need the generated stubs (`make protos`); the core CLI does not
-        from services.reward.server import add_arguments as _reward_args
-
-        _reward_args(rw)
-        rw.set_defaults(fn=cmd_serve_reward)
-    except ImportError as err:
-        rw.set_defaults(fn=lambda a, err=err: _missing_services(err))
+    for role, text in (("explorer", "low-precision explorer: Explore + KServe v2 'explore' model, adapter hot reload"),
+                       ("regenerator", "BF16 regenerator: Regenerate, adapter hot reload")):
+        roles.add_parser(role, help=text)
+    for role in ("reward", "explorer", "regenerator"):
+        rp = roles.choices[role]
+        try:  # the service shells need the generated stubs (`make protos`); the core CLI does not
+            module = importlib.import_module(f"services.{role}.server")
+            module.add_arguments(rp)
+            rp.set_defaults(fn=lambda a, module=module: module.run(a) or 0)
+        except ImportError as err:
+            rp.set_defaults(fn=lambda a, err=err: _missing_services(err))
 
     for what in ("presets", "models", "rewards"):
         lp = sub.add_parser(what, help=f"list {what}")

@@ -38,7 +38,7 @@ def test_file_round_trip(tmp_path):
     (["rollout.pooll=3"], "unknown config key 'rollout.pooll'"),
     (["nosuch.key=3"], "unknown config key 'nosuch.key'"),
     (["rollout.pool=-4"], "rollout.pool must be positive"),
-    (["rollout.kept=40"], r"rollout.kept \(k=40\) must not exceed rollout.pool \(n=32\)"),
+    (["rollout.kept=40"], r"rollout.kept \(k=40\) must not exceed rollout.pool \(n=16\)"),
     (["rollout.kept=7"], "must be even for best_worst"),
     (["rollout.pool=abc"], "rollout.pool must be an integer"),
     (["epochs=-1"], "epochs and seed must be >= 0"),

@@ -15,8 +15,8 @@ import pytest
 
 from solrl.protos_build import OUT_DIR, PROTO_ROOT, STAMP, build_protos, main, proto_files
 
-SERVICES = {"explorer": {"Explorer": {"Explore", "Info"}},
-            "regenerator": {"Regenerator": {"Regenerate", "Info"}},
+SERVICES = {"explorer": {"Explorer": {"Explore", "Info", "LoadAdapter"}},
+            "regenerator": {"Regenerator": {"Regenerate", "Info", "LoadAdapter"}},
             "reward": {"Reward": {"Score", "ListRewards"}},
             "trainer": {"Trainer": {"Status"}}}
 # Shared messages and the fields the roles agreed on (ARCHITECTURE.md, Messages).

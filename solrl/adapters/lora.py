@@ -243,7 +243,8 @@ def make_inference_copy(adapters: LoraAdapters, model_cls: type[nn.Module], conf
     copy = from_config(config) if from_config is not None else model_cls(**config)
     base = adapters.base_state_dict()
     ref = next((v for v in base.values() if v.is_floating_point()), None)
-    if ref is not None:
+    first = next((p for p in copy.parameters() if p.is_floating_point()), None)
+    if ref is not None and first is not None and (first.device, first.dtype) != (ref.device, ref.dtype):
         copy.to(device=ref.device, dtype=ref.dtype)
     try:
         copy.load_state_dict(base, strict=True)

@@ -1,0 +1,319 @@
+"""Adapter hot reload for the inference services (explorer, regenerator): build aside, swap atomically.
+
+HotSwapModel     the serving copy of one denoiser: a plain base model, a precision backend and the
+                 adapter version it serves. A pushed LoRA is merged into the base weights (without
+                 peft), the merged model is put through the backend (re-quantized) into a NEW copy,
+                 and only then is the reference swapped under a lock. A call takes the current copy
+                 once, at its start (`acquire`), and finishes on it whatever is pushed meanwhile; the
+                 old copy is freed when its last call ends. A rejected push changes nothing.
+AdapterEndpoint  the front door shared by `PUT /v1/adapter` on the ops app and the LoadAdapter RPCs:
+                 bearer token (env SOLRL_ADAPTER_TOKEN, hmac.compare_digest), size limit, sha256,
+                 version order. REJECTIONS is the one table of refusal -> HTTP status / gRPC code.
+"""
+
+from __future__ import annotations
+
+import copy
+import hmac
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from prometheus_client import Counter, Gauge
+from starlette.concurrency import run_in_threadpool
+from torch import Tensor, nn
+
+from services.common.errors import UnavailableError
+from services.common.metrics import ServiceMetrics
+from solrl.adapters import LoraSpec, decode_adapter, sha256_hex
+from solrl.adapters.merge import lora_layout, merge_lora, target_weights
+from solrl.models.base import ModelSpec
+from solrl.precision import PrecisionConfig, build_backend
+
+log = logging.getLogger(__name__)
+
+ENV_ADAPTER_TOKEN = "SOLRL_ADAPTER_TOKEN"
+DEFAULT_MAX_ADAPTER_BYTES = 512 << 20
+VERSION_HEADER = "X-Adapter-Version"
+SHA256_HEADER = "X-Adapter-Sha256"
+
+# reason -> (HTTP status, gRPC status code)
+REJECTIONS: dict[str, tuple[int, grpc.StatusCode]] = {
+    "invalid": (400, grpc.StatusCode.INVALID_ARGUMENT),        # bad bytes, keys, shapes, sha256, headers
+    "unauthenticated": (401, grpc.StatusCode.UNAUTHENTICATED),  # no or wrong bearer token
+    "disabled": (403, grpc.StatusCode.PERMISSION_DENIED),       # no token configured on the server
+    "stale": (409, grpc.StatusCode.FAILED_PRECONDITION),        # version <= the one served
+    "too_large": (413, grpc.StatusCode.RESOURCE_EXHAUSTED),     # over the size limit
+}
+
+
+class AdapterRejected(Exception):
+    """A refused adapter push; `reason` is a key of REJECTIONS."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        if reason not in REJECTIONS:
+            raise ValueError(f"reason must be one of {sorted(REJECTIONS)}, got {reason!r}")
+        super().__init__(message)
+        self.reason = reason
+
+    @property
+    def http_status(self) -> int:
+        return REJECTIONS[self.reason][0]
+
+    @property
+    def grpc_code(self) -> grpc.StatusCode:
+        return REJECTIONS[self.reason][1]
+
+
+@dataclass(frozen=True)
+class ServingCopy:
+    """One immutable serving copy: never modified after it is published."""
+
+    module: nn.Module
+    version: int
+    sha256: str  # of the adapter's safetensors bytes; "" for the base model (version 0)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    version: int
+    sha256: str
+    swap_ms: float          # merge + re-quantize + swap
+    previous_version: int
+
+
+def serving_precision(precision: PrecisionConfig, spec: ModelSpec) -> PrecisionConfig:
+    """`precision` plus the model's own skip list and minimum layer size (as `InferenceCopy` combines them)."""
+    if not isinstance(precision, PrecisionConfig):
+        raise TypeError(f"precision must be a PrecisionConfig, got {type(precision).__name__}")
+    return PrecisionConfig(backend=precision.backend, skip=tuple(precision.skip) + tuple(spec.quant_skip),
+                           min_features=max(precision.min_features, spec.quant_min_features),
+                           quantize_activations=precision.quantize_activations)
+
+
+class HotSwapModel:
+    """A denoiser served at one adapter version at a time, hot-reloadable.
+
+    Holds `base` (a plain, peft-free model, put in eval mode without grad; its weights are never
+    modified) and the current serving copy (base with the adapter merged, put through the precision
+    backend), so base + serving copy are resident, plus the new copy while a push builds it and any
+    old copy a call still runs on. Version 0 is the base model.
+    """
+
+    def __init__(self, base: nn.Module, lora: LoraSpec, precision: PrecisionConfig) -> None:
+        if not isinstance(base, nn.Module):
+            raise TypeError(f"base must be an nn.Module, got {type(base).__name__}")
+        if not isinstance(lora, LoraSpec):
+            raise TypeError(f"lora must be a LoraSpec, got {type(lora).__name__}")
+        self.lora, self.precision = lora, precision
+        self._base = base.eval().requires_grad_(False)
+        self.layout = lora_layout(self._base, lora)
+        self._base_weights = target_weights(self._base, lora)
+        self._backend = build_backend(precision)
+        self._cond = threading.Condition()   # guards _current; notified on every swap
+        self._load_lock = threading.Lock()   # one build at a time
+        self._current = ServingCopy(self._build({}), 0, "")
+
+    def _build(self, merged: Mapping[str, Tensor]) -> nn.Module:
+        """A new serving copy: the base with `merged` as its LoRA targets' weights, through the backend."""
+        module = copy.deepcopy(self._base)
+        for name, weight in merged.items():
+            linear = module.get_submodule(name)
+            # replaced (not copied into) so the backend quantizes from the fp32 merge, whatever the
+            # base dtype: the same numbers InferenceCopy.sync (prepare, then requantize) gives
+            linear.weight = nn.Parameter(weight.to(linear.weight.device), requires_grad=False)
+        self._backend.prepare(module)
+        return module
+
+    @property
+    def backend(self) -> str:
+        return self.precision.backend
+
+    def current(self) -> ServingCopy:
+        with self._cond:
+            return self._current
+
+    def acquire(self, min_version: int = 0, timeout: float = 0.0) -> ServingCopy:
+        """The copy a call runs on: the current one, once its version is >= min_version (waits up to
+        `timeout` seconds for a push; UnavailableError after that)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._current.version >= min_version, timeout):
+                raise UnavailableError(f"serving adapter version {self._current.version}, the request needs "
+                                       f">= {min_version}; push that version or retry later")
+            return self._current
+
+    def weight_bytes(self) -> dict[str, int]:
+        """Resident weight bytes of the current copy (the backend's accounting)."""
+        return self._backend.weight_bytes(self.current().module)
+
+    def load(self, data: bytes, *, version: int, sha256: str, max_bytes: int = DEFAULT_MAX_ADAPTER_BYTES) -> LoadResult:
+        """Validate, merge, re-quantize and swap in an adapter; AdapterRejected says why not."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"data must be bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if len(data) > max_bytes:
+            raise AdapterRejected("too_large", f"adapter is {len(data)} bytes, over the limit of {max_bytes}")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise AdapterRejected("invalid", f"version must be an integer >= 1, got {version!r}")
+        if not isinstance(sha256, str) or not sha256:
+            raise AdapterRejected("invalid", "sha256 is required (hex sha256 of the safetensors bytes)")
+        actual = sha256_hex(data)
+        if not hmac.compare_digest(sha256.strip().lower().encode(), actual.encode()):
+            raise AdapterRejected("invalid", f"sha256 mismatch: given {sha256.strip()!r}, the bytes hash to {actual}")
+        with self._load_lock:
+            previous = self.current()
+            if version <= previous.version:
+                raise AdapterRejected("stale", f"version {version} is not newer than the served version "
+                                               f"{previous.version}")
+            try:
+                payload = decode_adapter(data, self.layout, max_bytes)
+            except ValueError as exc:
+                raise AdapterRejected("invalid", f"adapter: {exc}") from None
+            if payload.version != version:
+                raise AdapterRejected("invalid", f"version {version} disagrees with the adapter's own "
+                                                 f"metadata version {payload.version}")
+            if (payload.spec.rank, payload.spec.alpha) != (self.lora.rank, self.lora.alpha):
+                raise AdapterRejected("invalid", f"adapter rank/alpha {payload.spec.rank}/{payload.spec.alpha} differ "
+                                                 f"from the served LoRA spec {self.lora.rank}/{self.lora.alpha}")
+            t0 = time.perf_counter()
+            module = self._build(merge_lora(self._base_weights, payload.state, self.lora))
+            with self._cond:
+                self._current = ServingCopy(module, version, actual)
+                self._cond.notify_all()
+            swap_ms = (time.perf_counter() - t0) * 1000.0
+        log.info("adapter version %d (sha256 %s) swapped in after %.1f ms", version, actual[:12], swap_ms)
+        return LoadResult(version, actual, swap_ms, previous.version)
+
+
+def _bearer(value: str | None) -> str | None:
+    """The token of an 'Authorization: Bearer <token>' value (None if absent or another scheme)."""
+    if not value:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+class AdapterEndpoint:
+    """Hot reload over HTTP (`mount`) and gRPC (`grpc_load`), with one auth and error policy.
+
+    token=None (or "") disables loading: every push is refused with 403 / PERMISSION_DENIED.
+    """
+
+    def __init__(self, model: HotSwapModel, *, token: str | None, max_bytes: int = DEFAULT_MAX_ADAPTER_BYTES,
+                 metrics: ServiceMetrics | None = None) -> None:
+        if not isinstance(model, HotSwapModel):
+            raise TypeError(f"model must be a HotSwapModel, got {type(model).__name__}")
+        if token is not None and not isinstance(token, str):
+            raise TypeError("token must be a str or None")
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
+        self.model, self.max_bytes = model, max_bytes
+        self._token = token.encode() if token else None
+        self._loads: Counter | None = None
+        if metrics is not None:
+            Gauge("solrl_adapter_version", "Adapter version being served", ["service"],
+                  registry=metrics.registry).labels(metrics.service).set_function(lambda: model.current().version)
+            self._loads = Counter("solrl_adapter_loads", "Adapter pushes, by outcome", ["service", "outcome"],
+                                  registry=metrics.registry)
+            self._service = metrics.service
+
+    @property
+    def enabled(self) -> bool:
+        return self._token is not None
+
+    def status(self) -> dict[str, Any]:
+        cur = self.model.current()
+        return {"version": cur.version, "sha256": cur.sha256}
+
+    def authorize(self, token: str | None) -> None:
+        if self._token is None:
+            raise AdapterRejected("disabled", f"adapter loading is disabled: the server has no token "
+                                              f"(set {ENV_ADAPTER_TOKEN} where it starts)")
+        if token is None:
+            raise AdapterRejected("unauthenticated", "missing bearer token (Authorization: Bearer <token>)")
+        if not hmac.compare_digest(token.encode(), self._token):
+            raise AdapterRejected("unauthenticated", "invalid bearer token")
+
+    def _count(self, outcome: str) -> None:
+        if self._loads is not None:
+            self._loads.labels(self._service, outcome).inc()
+
+    def load(self, authorization: str | None, data: bytes, version: int, sha256: str) -> LoadResult:
+        """Authorize (the raw Authorization value) then HotSwapModel.load; outcomes are counted."""
+        try:
+            self.authorize(_bearer(authorization))
+            result = self.model.load(data, version=version, sha256=sha256, max_bytes=self.max_bytes)
+        except AdapterRejected as exc:
+            self._count(exc.reason)
+            log.info("adapter push refused (%s): %s", exc.reason, exc)
+            raise
+        self._count("ok")
+        return result
+
+    def grpc_load(self, context: grpc.ServicerContext, data: bytes, version: int, sha256: str) -> LoadResult:
+        """For a LoadAdapter RPC: token from the 'authorization' metadata; refusals abort with their code."""
+        metadata: Sequence[tuple[str, Any]] = context.invocation_metadata() or ()
+        authorization = next((v for k, v in metadata if k.lower() == "authorization"), None)
+        try:
+            return self.load(authorization if isinstance(authorization, str) else None, data, version, sha256)
+        except AdapterRejected as exc:
+            context.abort(exc.grpc_code, str(exc))  # raises
+            raise
+
+    def mount(self, app: FastAPI) -> None:
+        """PUT /v1/adapter (safetensors body) and GET /v1/adapter on `app`."""
+
+        @app.exception_handler(AdapterRejected)
+        async def rejected(request: Request, exc: AdapterRejected) -> JSONResponse:
+            headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+            return JSONResponse({"error": exc.reason, "detail": str(exc), **self.status()},
+                                status_code=exc.http_status, headers=headers)
+
+        @app.get("/v1/adapter")
+        def adapter_status() -> dict[str, Any]:
+            return self.status()
+
+        @app.put("/v1/adapter")
+        async def put_adapter(request: Request) -> dict[str, Any]:
+            authorization = request.headers.get("authorization")
+            try:
+                self.authorize(_bearer(authorization))  # before reading a byte of the body
+                data = await self._read_body(request)
+                version = _header_int(request.headers.get(VERSION_HEADER), VERSION_HEADER)
+                sha256 = request.headers.get(SHA256_HEADER)
+                if not sha256:
+                    raise AdapterRejected("invalid", f"{SHA256_HEADER} header is required")
+            except AdapterRejected as exc:
+                self._count(exc.reason)
+                raise
+            result = await run_in_threadpool(self.load, authorization, data, version, sha256)
+            return {"version": result.version, "sha256": result.sha256, "swap_ms": round(result.swap_ms, 3),
+                    "previous_version": result.previous_version}
+
+    async def _read_body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            raise AdapterRejected("too_large", f"body of {declared} bytes is over the limit of {self.max_bytes}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self.max_bytes:
+                raise AdapterRejected("too_large", f"body is over the limit of {self.max_bytes} bytes")
+        return bytes(body)
+
+
+def _header_int(value: str | None, name: str) -> int:
+    if value is None or not value.strip():
+        raise AdapterRejected("invalid", f"{name} header is required")
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise AdapterRejected("invalid", f"{name} header must be an integer, got {value!r}") from None

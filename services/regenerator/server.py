@@ -1,0 +1,150 @@
+"""Regenerator service: solrl.regenerator.v1 over one RegeneratorDataPlane, plus the ops app with hot reload.
+
+  solrl.regenerator.v1.Regenerator  Regenerate, Info, LoadAdapter
+  grpc.health.v1.Health, reflection
+  HTTP: /healthz /readyz /metrics /v1/info, PUT|GET /v1/adapter (hot reload)
+
+Run: `python -m services.regenerator.server [--model shapes] [--precision bf16] [--reward shapes]`
+(SOLRL_BIND_HOST, SOLRL_GRPC_PORT, SOLRL_HTTP_PORT, SOLRL_REWARD_ADDR give defaults; the adapter
+token comes only from SOLRL_ADAPTER_TOKEN). The serving plumbing and the options it shares with
+the explorer live in services.explorer.server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+
+import grpc
+
+from services.common.adapter_reload import DEFAULT_MAX_ADAPTER_BYTES, ENV_ADAPTER_TOKEN, AdapterEndpoint
+from services.common.grpc_server import GrpcServer, GrpcService, build_grpc_server, service_name
+from services.common.metrics import ServiceMetrics
+from services.common.tensors import numpy_to_tensor, torch_to_tensor
+from services.explorer.dataplane import build_scorer, resolve_sampler
+from services.explorer.server import (
+    RolloutService,
+    add_model_arguments,
+    load_served_model,
+    serve,
+    wait_and_stop,
+)
+from services.regenerator.dataplane import RegeneratorDataPlane
+from solrl.pb.solrl.common.v1 import common_pb2
+from solrl.pb.solrl.regenerator.v1 import regenerator_pb2, regenerator_pb2_grpc
+from solrl.precision import PrecisionConfig
+
+log = logging.getLogger("solrl.services.regenerator")
+
+DEFAULT_GRPC_PORT = 8021
+DEFAULT_HTTP_PORT = 8092
+FIELDS = {"prompt": "selection.prompt", "seeds": "selection.seeds", "steps": "selection.sampler.steps",
+          "min_version": "selection.adapter_version.version"}
+
+
+class RegeneratorServicer(regenerator_pb2_grpc.RegeneratorServicer):
+    """solrl.regenerator.v1.Regenerator over the data plane."""
+
+    def __init__(self, plane: RegeneratorDataPlane, adapters: AdapterEndpoint) -> None:
+        self.plane, self.adapters = plane, adapters
+
+    def Regenerate(self, request: regenerator_pb2.RegenerateRequest,
+                   context: grpc.ServicerContext) -> regenerator_pb2.RegenerateResponse:
+        if not request.HasField("selection"):
+            raise ValueError("selection: required")
+        sel = request.selection
+        if sel.proxy_scores and len(sel.proxy_scores) != len(sel.seeds):
+            raise ValueError(f"selection.proxy_scores: {len(sel.proxy_scores)} scores for {len(sel.seeds)} seeds")
+        kept = list(sel.kept_indices) or list(range(len(sel.seeds)))
+        for j, i in enumerate(kept):
+            if not 0 <= i < len(sel.seeds):
+                raise ValueError(f"selection.kept_indices[{j}]: {i} is not an index into selection.seeds "
+                                 f"({len(sel.seeds)} seeds)")
+        sampler = resolve_sampler(self.plane.sampler, sel.sampler.solver, sel.sampler.shift, sel.sampler.guidance,
+                                  field="selection.sampler")
+        out = self.plane.regenerate(sel.prompt, [sel.seeds[i] for i in kept], steps=sel.sampler.steps or None,
+                                    sampler=sampler, min_version=sel.adapter_version.version, fields=FIELDS)
+        version = common_pb2.AdapterVersion(version=out.version, sha256=out.sha256)
+        rollouts = [common_pb2.Rollout(job_id=sel.job_id, prompt=sel.prompt, seed=seed, x0=torch_to_tensor(x0),
+                                       reward=float(reward), adapter_version=version,
+                                       proxy_reward=sel.proxy_scores[i] if sel.proxy_scores else 0.0)
+                    for i, seed, x0, reward in zip(kept, out.seeds, out.x0, out.rewards)]
+        response = regenerator_pb2.RegenerateResponse(rollouts=rollouts)
+        if request.return_images:
+            response.images.CopyFrom(numpy_to_tensor(out.images))
+        return response
+
+    def Info(self, request: regenerator_pb2.InfoRequest,
+             context: grpc.ServicerContext) -> regenerator_pb2.InfoResponse:
+        info = self.plane.info()
+        return regenerator_pb2.InfoResponse(
+            model=info["model"], precision=info["precision"], reward=info["reward"],
+            adapter_version=common_pb2.AdapterVersion(version=info["adapter_version"], sha256=info["adapter_sha256"]),
+            resident_weight_bytes=info["resident_weight_bytes"])
+
+    def LoadAdapter(self, request: regenerator_pb2.LoadAdapterRequest,
+                    context: grpc.ServicerContext) -> regenerator_pb2.LoadAdapterResponse:
+        result = self.adapters.grpc_load(context, request.safetensors, request.version, request.sha256)
+        return regenerator_pb2.LoadAdapterResponse(
+            adapter_version=common_pb2.AdapterVersion(version=result.version, sha256=result.sha256),
+            swap_ms=result.swap_ms)
+
+
+def build_server(plane: RegeneratorDataPlane, adapters: AdapterEndpoint, *, host: str = "127.0.0.1", port: int = 0,
+                 max_workers: int = 16, metrics: ServiceMetrics | None = None) -> GrpcServer:
+    """The regenerator gRPC server (not started): Regenerator + health + reflection."""
+    return build_grpc_server(
+        [GrpcService(service_name(regenerator_pb2, "Regenerator"),
+                     regenerator_pb2_grpc.add_RegeneratorServicer_to_server, RegeneratorServicer(plane, adapters))],
+        host=host, port=port, max_workers=max_workers, metrics=metrics)
+
+
+def start(plane: RegeneratorDataPlane, metrics: ServiceMetrics, *, host: str = "127.0.0.1", grpc_port: int = 0,
+          http_port: int = 0, max_workers: int = 16, adapter_token: str | None = None,
+          max_adapter_bytes: int = DEFAULT_MAX_ADAPTER_BYTES) -> RolloutService:
+    """Serve `plane` over gRPC and the ops app over HTTP (ports 0 = any free port).
+
+    adapter_token: the bearer token hot reload needs (None: pushes are refused with 403)."""
+    return serve(plane, plane.hot, metrics,
+                 lambda adapters: build_server(plane, adapters, host=host, port=grpc_port, max_workers=max_workers,
+                                               metrics=metrics),
+                 host=host, http_port=http_port, adapter_token=adapter_token, max_adapter_bytes=max_adapter_bytes)
+
+
+def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
+    """The regenerator's command-line options (for `solrl serve regenerator` too)."""
+    add_model_arguments(p, os.environ if environ is None else environ, precision="bf16", steps=10,
+                        grpc_port=DEFAULT_GRPC_PORT, http_port=DEFAULT_HTTP_PORT)
+
+
+def run(args: argparse.Namespace, stop: threading.Event | None = None,
+        environ: Mapping[str, str] | None = None) -> int:
+    """Serve until SIGTERM / SIGINT (or until `stop` is set)."""
+    environ = os.environ if environ is None else environ
+    model, lora = load_served_model(args)
+    metrics = ServiceMetrics("regenerator")
+    plane = RegeneratorDataPlane(model, PrecisionConfig(args.precision), lora,
+                                 build_scorer(args.reward, args.reward_addr or None), steps=args.steps,
+                                 micro_batch=args.micro_batch, version_wait_s=args.version_wait_s)
+    svc = start(plane, metrics, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+                max_workers=args.max_workers, adapter_token=environ.get(ENV_ADAPTER_TOKEN) or None,
+                max_adapter_bytes=args.max_adapter_bytes)
+    return wait_and_stop(svc, stop, f"solrl regenerator: grpc {svc.grpc.address}, http {svc.http.host}:"
+                                    f"{svc.http.port}, model {plane.model_name} ({plane.hot.backend}), "
+                                    f"reward {plane.info()['reward']}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m services.regenerator.server", description="solrl regenerator service")
+    add_arguments(p)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
