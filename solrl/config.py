@@ -265,7 +265,7 @@ def _shapes_base(name: str, mode: str) -> RunConfig:
         mode=mode, prompts_per_epoch=8, pool=16, kept=8, explore_steps=6, steps=10, micro_batch=128,
         explore_precision=PrecisionConfig(backend="nvfp4-emu"), precision=PrecisionConfig(backend="bf16"),
     )
-    cfg.train = TrainConfig(lr=1e-3, micro_batch=32, timestep_fraction=0.4, weight_decay=1e-4)
+    cfg.train = TrainConfig(lr=3e-4, micro_batch=32, timestep_fraction=0.4, weight_decay=1e-4)
     cfg.eval = EvalConfig(every=5, steps=(10,), prompts=48, seeds_per_prompt=2)
     return cfg
 
