@@ -100,6 +100,15 @@ def _missing_services(err: ImportError) -> int:
     return 2
 
 
+def cmd_up(a: argparse.Namespace) -> int:
+    from solrl.up import run
+
+    try:
+        return run(a)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
+
+
 def cmd_list(a: argparse.Namespace) -> int:
     if a.what == "presets":
         for n in sorted(PRESETS):
@@ -157,9 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     roles = sv.add_subparsers(dest="role", required=True)
     rw = roles.add_parser("reward", help="reward service: solrl.reward.v1 + KServe v2 / Triton gRPC")
     for role, text in (("explorer", "low-precision explorer: Explore + KServe v2 'explore' model, adapter hot reload"),
-                       ("regenerator", "BF16 regenerator: Regenerate, adapter hot reload")):
+                       ("regenerator", "BF16 regenerator: Regenerate, adapter hot reload"),
+                       ("trainer", "trainer: drives explorers/regenerators through Redis, pushes adapters")):
         roles.add_parser(role, help=text)
-    for role in ("reward", "explorer", "regenerator"):
+    for role in ("reward", "explorer", "regenerator", "trainer"):
         rp = roles.choices[role]
         try:  # the service shells need the generated stubs (`make protos`); the core CLI does not
             module = importlib.import_module(f"services.{role}.server")
@@ -167,6 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
             rp.set_defaults(fn=lambda a, module=module: module.run(a) or 0)
         except ImportError as err:
             rp.set_defaults(fn=lambda a, err=err: _missing_services(err))
+
+    up = sub.add_parser("up", help="start every role as a local process against a Redis URL (Ctrl-C stops all)")
+    try:
+        from solrl.up import add_arguments as _up_args
+
+        _up_args(up)
+        up.set_defaults(fn=cmd_up)
+    except ImportError as err:
+        up.set_defaults(fn=lambda a, err=err: _missing_services(err))
 
     for what in ("presets", "models", "rewards"):
         lp = sub.add_parser(what, help=f"list {what}")

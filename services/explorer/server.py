@@ -41,6 +41,7 @@ from services.common.grpc_server import GrpcServer, GrpcService, build_grpc_serv
 from services.common.metrics import ServiceMetrics
 from services.common.ops import HttpServer, create_ops_app
 from services.common.tensors import DEFAULT_MAX_TENSOR_BYTES
+from services.common.workers import add_consumer_arguments, start_consumer
 from services.explorer.dataplane import (
     ENV_REWARD_ADDR,
     OPTIONAL_INPUTS,
@@ -237,6 +238,7 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
                         grpc_port=DEFAULT_GRPC_PORT, http_port=DEFAULT_HTTP_PORT)
     p.add_argument("--kept", type=int, default=24, help="default seeds kept per prompt (k)")
     p.add_argument("--selection", default="best_worst", choices=SELECTION_MODES, help="default selection mode")
+    add_consumer_arguments(p, os.environ if environ is None else environ)
 
 
 def load_served_model(args: argparse.Namespace) -> tuple[T2IModel, LoraSpec]:
@@ -283,8 +285,15 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     svc = start(plane, metrics, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                 max_workers=args.max_workers, adapter_token=environ.get(ENV_ADAPTER_TOKEN) or None,
                 max_adapter_bytes=args.max_adapter_bytes)
-    return wait_and_stop(svc, stop, f"solrl explorer: grpc {svc.grpc.address}, http {svc.http.host}:{svc.http.port}, "
-                                    f"model {plane.model_name} ({plane.hot.backend}), reward {plane.info()['reward']}")
+    consumer = start_consumer("explorer", plane, args.redis_url, args.queue_namespace) \
+        if getattr(args, "redis_url", "") else None
+    try:
+        return wait_and_stop(svc, stop, f"solrl explorer: grpc {svc.grpc.address}, http {svc.http.host}:"
+                                        f"{svc.http.port}, model {plane.model_name} ({plane.hot.backend}), "
+                                        f"reward {plane.info()['reward']}")
+    finally:
+        if consumer is not None:
+            consumer.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

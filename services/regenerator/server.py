@@ -25,6 +25,7 @@ from services.common.adapter_reload import DEFAULT_MAX_ADAPTER_BYTES, ENV_ADAPTE
 from services.common.grpc_server import GrpcServer, GrpcService, build_grpc_server, service_name
 from services.common.metrics import ServiceMetrics
 from services.common.tensors import numpy_to_tensor, torch_to_tensor
+from services.common.workers import add_consumer_arguments, start_consumer
 from services.explorer.dataplane import build_scorer, resolve_sampler
 from services.explorer.server import (
     RolloutService,
@@ -119,6 +120,7 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
     """The regenerator's command-line options (for `solrl serve regenerator` too)."""
     add_model_arguments(p, os.environ if environ is None else environ, precision="bf16", steps=10,
                         grpc_port=DEFAULT_GRPC_PORT, http_port=DEFAULT_HTTP_PORT)
+    add_consumer_arguments(p, os.environ if environ is None else environ)
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None,
@@ -133,9 +135,15 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     svc = start(plane, metrics, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                 max_workers=args.max_workers, adapter_token=environ.get(ENV_ADAPTER_TOKEN) or None,
                 max_adapter_bytes=args.max_adapter_bytes)
-    return wait_and_stop(svc, stop, f"solrl regenerator: grpc {svc.grpc.address}, http {svc.http.host}:"
-                                    f"{svc.http.port}, model {plane.model_name} ({plane.hot.backend}), "
-                                    f"reward {plane.info()['reward']}")
+    consumer = start_consumer("regenerator", plane, args.redis_url, args.queue_namespace) \
+        if getattr(args, "redis_url", "") else None
+    try:
+        return wait_and_stop(svc, stop, f"solrl regenerator: grpc {svc.grpc.address}, http {svc.http.host}:"
+                                        f"{svc.http.port}, model {plane.model_name} ({plane.hot.backend}), "
+                                        f"reward {plane.info()['reward']}")
+    finally:
+        if consumer is not None:
+            consumer.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,259 @@
+"""The trainer's driver for the distributed loop: the embedded epoch with rollouts over the work queue.
+
+Per epoch: push the "old" adapter to the rollout services (a callable the service injects), publish
+one ExploreJob per prompt to `explore`, collect exactly P * k Rollouts from `rollouts` (deduplicated
+by their idempotency key), then train with the same `NFTTrainer.update` as the embedded loop.
+Prompts, seed pools and the training generator come from the same `epoch_rng(seed, epoch, 0)`, so
+with the same config the distributed run follows the embedded one. Transport-free: it takes a Queue.
+
+Supported mode: sol_rl (explore -> select -> regenerate). The stream and group names here are the
+pipeline's contract; the service workers (services.common.workers) import them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats
+
+from solrl.adapters import encode_adapter
+from solrl.adapters.wire import sha256_hex
+from solrl.checkpoint import save_checkpoint
+from solrl.config import RunConfig
+from solrl.loop import Session, _save_eval, epoch_rng
+from solrl.models.shapes_pretrain import PromptSampler
+from solrl.queue import Queue
+from solrl.telemetry import MetricsWriter
+from solrl.trainer import Batch
+
+STREAM_EXPLORE, STREAM_REGENERATE, STREAM_ROLLOUTS = "explore", "regenerate", "rollouts"
+GROUP_EXPLORERS, GROUP_REGENERATORS, GROUP_TRAINER = "explorers", "regenerators", "trainer"
+PIPELINE = ((STREAM_EXPLORE, GROUP_EXPLORERS), (STREAM_REGENERATE, GROUP_REGENERATORS),
+            (STREAM_ROLLOUTS, GROUP_TRAINER))
+
+# push_adapter(safetensors bytes, version, sha256): load the adapter on every rollout service
+PushAdapter = Callable[[bytes, int, str], None]
+
+
+def ensure_pipeline(queue: Queue) -> None:
+    """Create every pipeline stream's consumer group (idempotent; before anything is published)."""
+    for stream, group in PIPELINE:
+        queue.ensure_group(stream, group)
+
+
+def rollout_key(job_id: str, position: int) -> str:
+    """The idempotency key of the `position`-th kept seed's Rollout of job `job_id`.
+
+    Keyed by position rather than by seed: a pool may draw the same seed twice.
+    """
+    return f"{job_id}:{position}"
+
+
+def job_id_for(run_id: str, epoch: int, prompt_index: int) -> str:
+    return f"{run_id}-e{epoch:06d}-p{prompt_index:05d}"
+
+
+@dataclass
+class DriverStatus:
+    """Where the run stands (what the trainer service's Status RPC reports)."""
+
+    run_id: str
+    state: str = "starting"   # starting | running | evaluating | finished | failed
+    epoch: int = 0            # epochs done
+    optimizer_step: int = 0
+    adapter_version: int = 0
+    adapter_sha256: str = ""
+    mean_reward: float = 0.0
+    rollouts_consumed: int = 0
+    error: str = ""
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+class RemoteSession:
+    """A `Session` whose rollouts come from explorer / regenerator workers over `queue`."""
+
+    def __init__(self, sess: Session, queue: Queue, push_adapter: PushAdapter, *, run_id: str,
+                 rollout_timeout_s: float = 600.0, block_ms: int = 500) -> None:
+        if sess.cfg.rollout.mode != "sol_rl":
+            raise ValueError(f"rollout.mode must be 'sol_rl' for the distributed loop, got {sess.cfg.rollout.mode!r}")
+        if not isinstance(queue, Queue):
+            raise TypeError(f"queue must be a solrl.queue.Queue, got {type(queue).__name__}")
+        if not callable(push_adapter):
+            raise TypeError(f"push_adapter must be callable, got {type(push_adapter).__name__}")
+        if not isinstance(run_id, str) or not run_id or ":" in run_id:
+            raise ValueError(f"run_id must be a non-empty str without ':', got {run_id!r}")
+        if not rollout_timeout_s > 0:
+            raise ValueError(f"rollout_timeout_s must be > 0, got {rollout_timeout_s!r}")
+        self.sess, self.queue, self.push_adapter = sess, queue, push_adapter
+        self.run_id, self.rollout_timeout_s, self.block_ms = run_id, float(rollout_timeout_s), int(block_ms)
+        self.status = DriverStatus(run_id)
+        ensure_pipeline(queue)
+
+    # ---------------------------------------------------------------- one epoch
+    def sync(self) -> float:
+        """Push the "old" adapter at the current version to every rollout service (version 0 = base)."""
+        t0 = time.perf_counter()
+        version = self.sess.version
+        if version == 0:
+            base, old = self.sess.adapters.merged_weights(None), self.sess.adapters.merged_weights("old")
+            if any(not torch.equal(base[k], old[k]) for k in base):
+                raise ValueError("adapter version 0 must be the base model (LoRA B initialised to zero); "
+                                 f"lora.init={self.sess.cfg.lora.init!r} gives a non-zero initial adapter")
+            return time.perf_counter() - t0
+        data = encode_adapter(self.sess.adapters.state_dict("old"), version, self.sess.adapters.spec)
+        sha = sha256_hex(data)
+        self.push_adapter(data, version, sha)
+        self.status.adapter_sha256 = sha
+        return time.perf_counter() - t0
+
+    def epoch(self, epoch: int) -> dict[str, Any]:
+        from solrl.pb.solrl.common.v1 import common_pb2
+
+        sess, cfg, r = self.sess, self.sess.cfg, self.sess.cfg.rollout
+        rng, tgen = epoch_rng(cfg.seed, epoch, 0)  # the embedded loop's draws, in the same order
+        prompts = PromptSampler(sess.prompts)(rng, r.prompts_per_epoch)
+        seeds = rng.integers(0, 2**31 - 1, size=(len(prompts), r.pool)).tolist()
+        rec: dict[str, Any] = {"epoch": epoch + 1, "adapter_version": sess.version, "mode": r.mode}
+        rec["time_sync_s"] = self.sync()
+
+        t0 = time.perf_counter()
+        sampler = common_pb2.SamplerSpec(solver=sess.sampler.solver, steps=r.steps, shift=sess.sampler.shift,
+                                         guidance=sess.sampler.guidance)
+        jobs = {job_id_for(self.run_id, epoch, p): p for p in range(len(prompts))}
+        for job_id, p in jobs.items():
+            job = common_pb2.ExploreJob(job_id=job_id, run_id=self.run_id, prompt=prompts[p], seeds=seeds[p],
+                                        steps=r.explore_steps, kept=r.kept, selection=r.selection,
+                                        min_adapter_version=sess.version, sampler=sampler)
+            self.queue.publish(STREAM_EXPLORE, job.SerializeToString(), key=job_id, timeout_s=self.rollout_timeout_s)
+        got = self.collect(jobs, r.kept)
+        rec["time_rollout_s"] = time.perf_counter() - t0
+
+        order = sorted(got)  # (prompt index, kept position): the embedded loop's order
+        rolls = [got[key] for key in order]
+        x0 = torch.stack([_tensor(ro.x0) for ro in rolls])
+        rewards = np.asarray([ro.reward for ro in rolls], dtype=np.float32)
+        proxy = np.asarray([ro.proxy_reward for ro in rolls], dtype=np.float32).reshape(len(prompts), r.kept)
+        group = [p for p, _ in order]
+        rec.update({"rollout.reward_mean": float(rewards.mean()), "rollout.reward_std": float(rewards.std()),
+                    "explore.kept_proxy_mean": float(proxy.mean()),
+                    **_agreement(proxy, rewards.reshape(len(prompts), r.kept))})
+
+        t0 = time.perf_counter()
+        batch = Batch(x0, sess.cache([prompts[p] for p in group]), rewards, group)
+        rec.update(sess.trainer.update(batch, tgen))
+        sess.version += 1
+        rec["time_train_s"] = time.perf_counter() - t0
+        rec["time_epoch_s"] = rec["time_sync_s"] + rec["time_rollout_s"] + rec["time_train_s"]
+        st = self.status
+        st.epoch, st.optimizer_step, st.adapter_version = epoch + 1, sess.trainer.global_step, sess.version
+        st.mean_reward, st.rollouts_consumed = rec["rollout.reward_mean"], st.rollouts_consumed + len(rolls)
+        return rec
+
+    def collect(self, jobs: dict[str, int], kept: int) -> dict[tuple[int, int], Any]:
+        return collect_rollouts(self.queue, jobs, kept, self.rollout_timeout_s, consumer=f"driver-{self.run_id}",
+                                block_ms=self.block_ms)
+
+
+def collect_rollouts(queue: Queue, jobs: dict[str, int], kept: int, timeout_s: float, *, consumer: str = "driver",
+                     block_ms: int = 500) -> dict[tuple[int, int], Any]:
+    """Exactly `kept` Rollouts per job of `jobs` (job id -> prompt index), keyed (prompt index, kept position).
+
+    Reads `rollouts` in group "trainer"; a duplicate (a redelivered job published twice) or a rollout of
+    another job is acked and dropped. TimeoutError if they do not all arrive within `timeout_s`.
+    """
+    from solrl.pb.solrl.common.v1 import common_pb2
+
+    want = len(jobs) * kept
+    got: dict[tuple[int, int], Any] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            missing = sorted(j for j, p in jobs.items() if sum(k[0] == p for k in got) < kept)
+            raise TimeoutError(f"collected {len(got)} of {want} rollouts within {timeout_s}s; jobs still short: "
+                               f"{missing[:5]}{' ...' if len(missing) > 5 else ''} (are explorer and regenerator "
+                               f"workers consuming the queue?)")
+        deliveries = queue.consume(STREAM_ROLLOUTS, GROUP_TRAINER, consumer, count=64,
+                                   block_ms=max(1, min(block_ms, int(left * 1000))))
+        for d in deliveries:
+            job_id, _, pos = (d.key or "").rpartition(":")
+            if job_id in jobs and pos.isdigit() and int(pos) < kept:
+                got.setdefault((jobs[job_id], int(pos)), common_pb2.Rollout.FromString(d.payload))
+        if deliveries:
+            queue.ack(STREAM_ROLLOUTS, GROUP_TRAINER, [d.id for d in deliveries])
+    return got
+
+
+def _agreement(proxy_PK: np.ndarray, bf16_PK: np.ndarray) -> dict[str, float]:
+    """Proxy vs BF16 rewards of the kept seeds: mean gap and mean per-prompt Kendall tau (as the embedded loop)."""
+    taus = [stats.kendalltau(a, b).statistic for a, b in zip(proxy_PK, bf16_PK) if np.ptp(a) > 0 and np.ptp(b) > 0]
+    return {"proxy_gap": float((proxy_PK - bf16_PK).mean()),
+            "proxy_kendall_tau": float(np.mean(taus)) if taus else float("nan")}
+
+
+def _tensor(msg: Any) -> torch.Tensor:
+    """A float32 common.v1.Tensor as a torch tensor (the rollouts' x0)."""
+    if msg.dtype != "float32":
+        raise ValueError(f"rollout x0.dtype must be float32, got {msg.dtype!r}")
+    array = np.frombuffer(msg.data, dtype="<f4")
+    if array.size != int(np.prod(msg.shape)):
+        raise ValueError(f"rollout x0: {array.size} elements for shape {list(msg.shape)}")
+    return torch.from_numpy(array.reshape(tuple(msg.shape)).copy())
+
+
+def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: PushAdapter, *, run_id: str = "run",
+                    rollout_timeout_s: float = 600.0, log: Callable[[str], None] = print,
+                    on_session: Callable[[RemoteSession], None] = lambda s: None) -> dict[str, Any]:
+    """Train `cfg` for cfg.epochs with rollouts from the queue; writes config.json, metrics.jsonl,
+    eval/ and checkpoints/ to `run_dir` as the embedded `solrl.loop.train` does (no resume yet).
+    `on_session` receives the RemoteSession once built (the trainer service reads its status)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    remote = RemoteSession(Session.build(cfg), queue, push_adapter, run_id=run_id, rollout_timeout_s=rollout_timeout_s)
+    on_session(remote)
+    sess, st = remote.sess, remote.status
+    try:
+        cfg.save(run_dir / "config.json")
+        writer = MetricsWriter(run_dir, cfg.tensorboard)
+        (run_dir / "eval").mkdir(exist_ok=True)
+        st.state = "evaluating"
+        base_eval, grids = sess.evaluate()
+        _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
+        writer.write({"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0})
+        for e in range(cfg.epochs):
+            st.state = "running"
+            rec = remote.epoch(e)
+            done = e + 1
+            if cfg.eval.every and done % cfg.eval.every == 0 or done == cfg.epochs:
+                st.state = "evaluating"
+                ev, grids = sess.evaluate()
+                _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
+                rec["eval.mean_reward"] = ev["mean_reward"]
+            writer.write(rec)
+            st.history.append(rec)
+            if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):
+                save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version)
+            log(f"epoch {done}/{cfg.epochs}: reward {rec['rollout.reward_mean']:.4f}, "
+                f"loss {rec.get('train.loss', float('nan')):.4f}, {rec['time_epoch_s']:.1f} s")
+        writer.close()
+        (run_dir / "adapter_ema.safetensors").write_bytes(
+            encode_adapter(sess.adapters.state_dict("ema"), sess.version, sess.adapters.spec))
+    except BaseException as exc:
+        st.state, st.error = "failed", f"{type(exc).__name__}: {exc}"
+        raise
+    st.state = "finished"
+    return {"run_id": run_id, "epochs": cfg.epochs, "adapter_version": sess.version,
+            "eval_before": base_eval["mean_reward"], "eval_after": st.history[-1].get("eval.mean_reward")
+            if st.history else None}
+
+
+__all__ = ["RemoteSession", "run_distributed", "collect_rollouts", "ensure_pipeline", "rollout_key", "job_id_for",
+           "DriverStatus",
+           "STREAM_EXPLORE", "STREAM_REGENERATE", "STREAM_ROLLOUTS", "GROUP_EXPLORERS", "GROUP_REGENERATORS",
+           "GROUP_TRAINER", "PushAdapter"]
