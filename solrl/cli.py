@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="run one service role (what containers run)")
     roles = sv.add_subparsers(dest="role", required=True)
-    rw = roles.add_parser("reward", help="reward service: solrl.reward.v1 + KServe v2 / Triton gRPC")
+    roles.add_parser("reward", help="reward service: solrl.reward.v1 + KServe v2 / Triton gRPC")
     for role, text in (("explorer", "low-precision explorer: Explore + KServe v2 'explore' model, adapter hot reload"),
                        ("regenerator", "BF16 regenerator: Regenerate, adapter hot reload"),
                        ("trainer", "trainer: drives explorers/regenerators through Redis, pushes adapters")):

@@ -215,7 +215,7 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
     `on_session` receives the RemoteSession once built (the trainer service reads its status)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    remote = RemoteSession(Session.build(cfg), queue, push_adapter, run_id=run_id, rollout_timeout_s=rollout_timeout_s)
+    remote = RemoteSession(Session.build(cfg, local_explorer=False), queue, push_adapter, run_id=run_id, rollout_timeout_s=rollout_timeout_s)
     on_session(remote)
     sess, st = remote.sess, remote.status
     try:

@@ -24,7 +24,8 @@ from scipy import stats
 from tqdm import tqdm
 
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter
-from solrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from solrl.algo import select
+from solrl.checkpoint import latest_checkpoint, load_adapters, load_checkpoint, save_checkpoint
 from solrl.config import RunConfig
 from solrl.evaluate import evaluate
 from solrl.models import load_model
@@ -61,7 +62,9 @@ class Session:
     version: int = 0
 
     @classmethod
-    def build(cls, cfg: RunConfig) -> "Session":
+    def build(cls, cfg: RunConfig, local_explorer: bool = True) -> "Session":
+        """local_explorer=False: exploration happens elsewhere (the trainer service), so no
+        low-precision inference copy is built."""
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         model = load_model(cfg.model.name, cfg.model.path)
@@ -80,7 +83,7 @@ class Session:
                               cfg.sampler.guidance)
         trainer = NFTTrainer(model, adapters, cfg.train, cfg.rollout.steps, sampler.shift)
         explorer = None
-        if cfg.rollout.mode in ("sol_rl", "naive_quant"):
+        if local_explorer and cfg.rollout.mode in ("sol_rl", "naive_quant"):
             explorer = InferenceCopy(adapters, cfg.rollout.explore_precision, spec.quant_skip, spec.quant_min_features)
         train_caps, _ = split_prompts()
         prompts = train_caps if cfg.prompt_split == "train" else sorted(set(train_caps) | set(split_prompts()[1]))
@@ -135,7 +138,8 @@ class Session:
             rec["forwards_regenerate"] = rg.forwards
             if r.mode == "naive_scaling":
                 rs = rg.rewards.reshape(len(prompts), pool)
-                kept = [list(self._select(torch.from_numpy(rs[p]), tgen)) for p in range(len(prompts))]
+                kept = [select(torch.from_numpy(rs[p]), r.kept, r.selection, generator=tgen)
+                        for p in range(len(prompts))]
                 flat = [p * pool + i for p, idx in enumerate(kept) for i in idx]
                 rec.update({"explore.reward_mean": float(rs.mean()), "explore.reward_std": float(rs.std())})
             else:
@@ -157,11 +161,6 @@ class Session:
         rec["time_train_s"] = time.perf_counter() - t0
         rec["time_epoch_s"] = rec["time_sync_s"] + rec["time_explore_s"] + rec["time_regenerate_s"] + rec["time_train_s"]
         return rec
-
-    def _select(self, scores: torch.Tensor, gen: torch.Generator) -> list[int]:
-        from solrl.algo import select
-
-        return select(scores, self.cfg.rollout.kept, self.cfg.rollout.selection, generator=gen)
 
     def evaluate(self, steps: tuple[int, ...] | None = None) -> tuple[dict[str, Any], dict[int, np.ndarray]]:
         e = self.cfg.eval
@@ -264,8 +263,6 @@ def _save_eval(out: Path, ev: dict[str, Any], grids: dict[int, np.ndarray], writ
 
 def load_run_for_eval(run_dir: Path) -> Session:
     """A session with the run's config and its latest checkpoint's adapters (for `solrl eval`)."""
-    from solrl.checkpoint import load_adapters
-
     cfg = RunConfig.load(run_dir / "config.json")
     ckpt = run_dir if (run_dir / "adapters.safetensors").exists() else latest_checkpoint(run_dir)
     if ckpt is None:

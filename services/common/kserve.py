@@ -13,7 +13,11 @@ import struct
 
 import numpy as np
 from tritonclient.grpc import service_pb2
-from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, triton_to_np_dtype
+from tritonclient.utils import (
+    deserialize_bytes_tensor,
+    np_to_triton_dtype,
+    triton_to_np_dtype,
+)
 
 from services.common.tensors import DEFAULT_MAX_TENSOR_BYTES
 

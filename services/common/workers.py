@@ -18,8 +18,9 @@ import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
+from services.common.rollout_plane import resolve_sampler
 from services.common.tensors import torch_to_tensor
-from services.explorer.dataplane import ExplorerDataPlane, resolve_sampler
+from services.explorer.dataplane import ExplorerDataPlane
 from services.regenerator.dataplane import RegeneratorDataPlane
 from solrl.distributed import (
     GROUP_EXPLORERS,

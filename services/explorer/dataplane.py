@@ -10,33 +10,34 @@ in-process registry or a remote reward service) and the sampler defaults.
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import numpy as np
 import torch
 
-import solrl
-from services.common.adapter_reload import HotSwapModel, serving_precision
-from services.common.errors import NotFoundError, UnavailableError
-from services.common.grpc_server import MAX_GRPC_MESSAGE_SIZE
-from services.common.tensors import numpy_to_tensor
+from services.common.errors import NotFoundError
+from services.common.rollout_plane import (  # noqa: F401 (re-exported for callers of this module)
+    ENV_REWARD_ADDR,
+    ODE_SOLVERS,
+    RemoteScorer,
+    RolloutPlane,
+    build_scorer,
+    check_int,
+    check_prompts,
+    check_seeds,
+    default_sampler,
+    resolve_sampler,
+)
 from services.reward.dataplane import MODEL_VERSION, PLATFORM, ModelMetadata, TensorSpec
 from solrl.adapters import LoraSpec
 from solrl.algo.selection import SELECTION_MODES
 from solrl.models.base import T2IModel
-from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
 from solrl.precision import PrecisionConfig
-from solrl.rewards import Scorer, build_reward
-from solrl.rollout import PromptCache, SamplerSpec, explore
+from solrl.rewards import Scorer
+from solrl.rollout import SamplerSpec, explore
 from solrl.sampling.noise import SEED_LIMIT
-
-ENV_REWARD_ADDR = "SOLRL_REWARD_ADDR"
-ODE_SOLVERS = ("euler", "dpm2")  # rollouts are deterministic ODE samples (the SDE needs a noise stream)
 
 MODEL_NAME = "explore"
 PROMPTS = TensorSpec("PROMPTS", "BYTES", (-1,))
@@ -55,107 +56,6 @@ OUTPUTS = (SEEDS, SCORES, KEPT, ADAPTER_VERSION)
 FIELDS = {"prompts": "prompts", "seeds": "seeds", "n": "n", "steps": "steps", "kept": "kept",
           "selection": "selection", "min_version": "min_version"}
 KSERVE_FIELDS = {**FIELDS, "prompts": PROMPTS.name, "n": N.name, "steps": STEPS.name, "kept": K.name}
-
-
-# ---------------------------------------------------------------------- shared by the rollout services
-
-class RemoteScorer:
-    """A reward service's `solrl.reward.v1.Reward/Score` as a scorer (images, prompts) -> scores."""
-
-    def __init__(self, address: str, reward: str, timeout_s: float = 120.0) -> None:
-        if not isinstance(address, str) or not address.strip():
-            raise ValueError(f"address must be host:port, got {address!r}")
-        if not isinstance(reward, str) or not reward:
-            raise ValueError(f"reward must be a reward name, got {reward!r}")
-        if not timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        self.name, self.address, self.timeout_s = reward, address.strip(), float(timeout_s)
-        self._channel = grpc.insecure_channel(self.address, options=[
-            ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
-            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE)])
-        self._stub = reward_pb2_grpc.RewardStub(self._channel)
-
-    def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
-        request = reward_pb2.ScoreRequest(reward=self.name, images=numpy_to_tensor(np.ascontiguousarray(images)),
-                                          prompts=list(prompts))
-        try:
-            response = self._stub.Score(request, timeout=self.timeout_s)
-        except grpc.RpcError as exc:
-            code, details = exc.code(), exc.details()
-            msg = f"reward service {self.address}: {code.name}: {details}"
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
-                raise ValueError(msg) from None
-            if code == grpc.StatusCode.NOT_FOUND:
-                raise NotFoundError(msg) from None
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise UnavailableError(msg) from None
-            raise RuntimeError(msg) from None
-        scores = np.asarray(response.scores, dtype=np.float32)
-        if scores.shape != (len(prompts),):
-            raise RuntimeError(f"reward service {self.address} returned {scores.size} scores for {len(prompts)} images")
-        return scores
-
-    def close(self) -> None:
-        self._channel.close()
-
-
-def build_scorer(reward: str, address: str | None = None) -> Scorer:
-    """The registry scorer `reward` in process, or the reward service at `address` scoring with it."""
-    return RemoteScorer(address, reward) if address else build_reward(reward)
-
-
-def resolve_sampler(default: SamplerSpec, solver: str = "", shift: float = 0.0, guidance: float = 0.0,
-                    field: str = "sampler") -> SamplerSpec:
-    """A request's sampler: empty / zero values take `default`'s (as solrl.common.v1.SamplerSpec says)."""
-    solver = solver or default.solver
-    if solver not in ODE_SOLVERS:
-        raise ValueError(f"{field}.solver must be one of {ODE_SOLVERS} (or empty for the default), got {solver!r}")
-    shift = float(shift) or default.shift
-    if not math.isfinite(shift) or shift <= 0:
-        raise ValueError(f"{field}.shift must be finite and > 0 (or 0 for the default), got {shift}")
-    guidance = float(guidance) or default.guidance
-    if not math.isfinite(guidance) or guidance < 1.0:
-        raise ValueError(f"{field}.guidance must be finite and >= 1 (or 0 for the default), got {guidance}")
-    return SamplerSpec(solver, shift, guidance)
-
-
-def check_int(value: Any, field: str, low: int, high: int) -> int:
-    """`value` as an int in [low, high]; ValueError naming `field` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not low <= int(value) <= high:
-        raise ValueError(f"{field} must be an integer in [{low}, {high}], got {value!r}")
-    return int(value)
-
-
-def check_seeds(pool: Any, field: str, max_seeds: int) -> list[int]:
-    if isinstance(pool, (str, bytes)) or not isinstance(pool, Sequence) or not pool:
-        raise ValueError(f"{field} must be a non-empty list of seeds")
-    if len(pool) > max_seeds:
-        raise ValueError(f"{field} holds {len(pool)} seeds, over the limit of {max_seeds}")
-    return [check_int(s, f"{field}[{i}]", 0, SEED_LIMIT - 1) for i, s in enumerate(pool)]
-
-
-def check_prompts(cache: PromptCache, prompts: Any, field: str) -> list[str]:
-    """Non-empty strings the model can encode (encoded into `cache` on the way)."""
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or not prompts:
-        raise ValueError(f"{field} must be a non-empty list of strings")
-    names = [f"{field}[{i}]" if len(prompts) > 1 else field for i in range(len(prompts))]
-    for name, p in zip(names, prompts):
-        if not isinstance(p, str) or not p.strip():
-            raise ValueError(f"{name} must be a non-empty string, got {p!r}")
-    try:
-        cache(list(prompts))
-    except ValueError:  # find the prompt(s) the model cannot encode
-        for name, p in zip(names, prompts):
-            try:
-                cache([p])
-            except ValueError as exc:
-                raise ValueError(f"{name}: {exc}") from None
-        raise
-    return list(prompts)
-
-
-def default_sampler(model: T2IModel) -> SamplerSpec:
-    return SamplerSpec(model.spec.default_solver, model.spec.default_shift, 1.0)
 
 
 # ---------------------------------------------------------------------- the explorer
@@ -177,7 +77,9 @@ def selection_generator(seeds: list[list[int]]) -> torch.Generator:
     return torch.Generator().manual_seed(int(state >> 1))
 
 
-class ExplorerDataPlane:
+class ExplorerDataPlane(RolloutPlane):
+    SERVICE = "explorer"
+
     """Explore over a hot-reloadable low-precision copy of `model.transformer`.
 
     `model.transformer` becomes the plain base the adapters merge into (kept as given); `precision`
@@ -190,49 +92,16 @@ class ExplorerDataPlane:
                  model_name: str = "", steps: int = 6, kept: int = 24, selection: str = "best_worst",
                  sampler: SamplerSpec | None = None, micro_batch: int = 64, max_seeds: int = 4096,
                  max_steps: int = 1000, version_wait_s: float = 30.0) -> None:
-        if not isinstance(model, T2IModel):
-            raise TypeError(f"model must be a T2IModel, got {type(model).__name__}")
-        if not callable(scorer):
-            raise TypeError(f"scorer must be callable, got {type(scorer).__name__}")
-        self.max_seeds = check_int(max_seeds, "max_seeds", 1, 1 << 20)
-        self.max_steps = check_int(max_steps, "max_steps", 1, 100_000)
-        self.steps = check_int(steps, "steps", 1, self.max_steps)
+        super().__init__(model, precision, lora, scorer, model_name=model_name, steps=steps, sampler=sampler,
+                         micro_batch=micro_batch, max_seeds=max_seeds, max_steps=max_steps,
+                         version_wait_s=version_wait_s)
         self.kept = check_int(kept, "kept", 1, self.max_seeds)
         if selection not in SELECTION_MODES:
             raise ValueError(f"selection must be one of {SELECTION_MODES}, got {selection!r}")
-        self.micro_batch = check_int(micro_batch, "micro_batch", 1, 1 << 16)
-        if not version_wait_s >= 0:
-            raise ValueError(f"version_wait_s must be >= 0, got {version_wait_s!r}")
-        self.model, self.scorer, self.selection = model, scorer, selection
-        self.model_name = model_name or model.spec.name
-        self.sampler = resolve_sampler(default_sampler(model), *(
-            (sampler.solver, sampler.shift, sampler.guidance) if sampler is not None else ()))
-        self.version_wait_s = float(version_wait_s)
-        self.hot = HotSwapModel(model.transformer, lora, serving_precision(precision, model.spec))
-        self.cache = PromptCache(model)
-        self._closed = False
+        self.selection = selection
 
-    # ------------------------------------------------------------------ lifecycle and metadata
-
-    def ready(self) -> bool:
-        return not self._closed
-
-    def info(self) -> dict[str, Any]:
-        cur = self.hot.current()
-        return {"service": "explorer", "version": solrl.__version__, "model": self.model_name,
-                "precision": self.hot.backend, "adapter_version": cur.version, "adapter_sha256": cur.sha256,
-                "resident_weight_bytes": self.hot.weight_bytes()["total"],
-                "reward": getattr(self.scorer, "name", type(self.scorer).__name__),
-                "defaults": {"steps": self.steps, "kept": self.kept, "selection": self.selection,
-                             "solver": self.sampler.solver, "shift": self.sampler.shift,
-                             "guidance": self.sampler.guidance},
-                "ready": self.ready()}
-
-    def close(self) -> None:
-        self._closed = True
-        close = getattr(self.scorer, "close", None)
-        if callable(close):
-            close()
+    def defaults(self) -> dict[str, Any]:
+        return {**super().defaults(), "kept": self.kept, "selection": self.selection}
 
     # ------------------------------------------------------------------ exploring
 

@@ -10,19 +10,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-import solrl
-from services.common.adapter_reload import HotSwapModel, serving_precision
-from services.explorer.dataplane import check_int, check_prompts, check_seeds, default_sampler, resolve_sampler
+from services.common.rollout_plane import (
+    RolloutPlane,
+    check_int,
+    check_prompts,
+    check_seeds,
+)
 from solrl.adapters import LoraSpec
 from solrl.models.base import T2IModel
 from solrl.precision import PrecisionConfig
 from solrl.rewards import Scorer
-from solrl.rollout import PromptCache, SamplerSpec, regenerate
+from solrl.rollout import SamplerSpec, regenerate
 
 FIELDS = {"prompt": "prompt", "seeds": "seeds", "steps": "steps", "min_version": "min_version"}
 
@@ -38,7 +40,9 @@ class RegenerateOutcome:
     forwards: int
 
 
-class RegeneratorDataPlane:
+class RegeneratorDataPlane(RolloutPlane):
+    SERVICE = "regenerator"
+
     """Regenerate over a hot-reloadable copy of `model.transformer` in `precision` (BF16 by default).
 
     `model.transformer` becomes the plain base the adapters merge into (kept as given); `lora` is the
@@ -49,43 +53,9 @@ class RegeneratorDataPlane:
     def __init__(self, model: T2IModel, precision: PrecisionConfig, lora: LoraSpec, scorer: Scorer, *,
                  model_name: str = "", steps: int = 10, sampler: SamplerSpec | None = None, micro_batch: int = 64,
                  max_seeds: int = 4096, max_steps: int = 1000, version_wait_s: float = 30.0) -> None:
-        if not isinstance(model, T2IModel):
-            raise TypeError(f"model must be a T2IModel, got {type(model).__name__}")
-        if not callable(scorer):
-            raise TypeError(f"scorer must be callable, got {type(scorer).__name__}")
-        self.max_seeds = check_int(max_seeds, "max_seeds", 1, 1 << 20)
-        self.max_steps = check_int(max_steps, "max_steps", 1, 100_000)
-        self.steps = check_int(steps, "steps", 1, self.max_steps)
-        self.micro_batch = check_int(micro_batch, "micro_batch", 1, 1 << 16)
-        if not version_wait_s >= 0:
-            raise ValueError(f"version_wait_s must be >= 0, got {version_wait_s!r}")
-        self.model, self.scorer = model, scorer
-        self.model_name = model_name or model.spec.name
-        self.sampler = resolve_sampler(default_sampler(model), *(
-            (sampler.solver, sampler.shift, sampler.guidance) if sampler is not None else ()))
-        self.version_wait_s = float(version_wait_s)
-        self.hot = HotSwapModel(model.transformer, lora, serving_precision(precision, model.spec))
-        self.cache = PromptCache(model)
-        self._closed = False
-
-    def ready(self) -> bool:
-        return not self._closed
-
-    def info(self) -> dict[str, Any]:
-        cur = self.hot.current()
-        return {"service": "regenerator", "version": solrl.__version__, "model": self.model_name,
-                "precision": self.hot.backend, "adapter_version": cur.version, "adapter_sha256": cur.sha256,
-                "resident_weight_bytes": self.hot.weight_bytes()["total"],
-                "reward": getattr(self.scorer, "name", type(self.scorer).__name__),
-                "defaults": {"steps": self.steps, "solver": self.sampler.solver, "shift": self.sampler.shift,
-                             "guidance": self.sampler.guidance},
-                "ready": self.ready()}
-
-    def close(self) -> None:
-        self._closed = True
-        close = getattr(self.scorer, "close", None)
-        if callable(close):
-            close()
+        super().__init__(model, precision, lora, scorer, model_name=model_name, steps=steps, sampler=sampler,
+                         micro_batch=micro_batch, max_seeds=max_seeds, max_steps=max_steps,
+                         version_wait_s=version_wait_s)
 
     def regenerate(self, prompt: str, seeds: Sequence[int], *, steps: int | None = None,
                    sampler: SamplerSpec | None = None, min_version: int = 0,

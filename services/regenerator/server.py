@@ -7,13 +7,12 @@
 Run: `python -m services.regenerator.server [--model shapes] [--precision bf16] [--reward shapes]`
 (SOLRL_BIND_HOST, SOLRL_GRPC_PORT, SOLRL_HTTP_PORT, SOLRL_REWARD_ADDR give defaults; the adapter
 token comes only from SOLRL_ADAPTER_TOKEN). The serving plumbing and the options it shares with
-the explorer live in services.explorer.server.
+the explorer live in services.common.rollout_shell and services.common.rollout_plane.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import threading
@@ -21,25 +20,28 @@ from collections.abc import Mapping, Sequence
 
 import grpc
 
-from services.common.adapter_reload import DEFAULT_MAX_ADAPTER_BYTES, ENV_ADAPTER_TOKEN, AdapterEndpoint
-from services.common.grpc_server import GrpcServer, GrpcService, build_grpc_server, service_name
+from services.common.adapter_reload import DEFAULT_MAX_ADAPTER_BYTES, AdapterEndpoint
+from services.common.grpc_server import (
+    GrpcServer,
+    GrpcService,
+    build_grpc_server,
+    service_name,
+)
+from services.common.lifecycle import run_main
 from services.common.metrics import ServiceMetrics
-from services.common.tensors import numpy_to_tensor, torch_to_tensor
-from services.common.workers import add_consumer_arguments, start_consumer
-from services.explorer.dataplane import build_scorer, resolve_sampler
-from services.explorer.server import (
+from services.common.rollout_plane import resolve_sampler
+from services.common.rollout_shell import (
     RolloutService,
     add_model_arguments,
-    load_served_model,
+    run_rollout_role,
     serve,
-    wait_and_stop,
 )
+from services.common.tensors import numpy_to_tensor, torch_to_tensor
+from services.common.workers import add_consumer_arguments
 from services.regenerator.dataplane import RegeneratorDataPlane
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.regenerator.v1 import regenerator_pb2, regenerator_pb2_grpc
 from solrl.precision import PrecisionConfig
-
-log = logging.getLogger("solrl.services.regenerator")
 
 DEFAULT_GRPC_PORT = 8021
 DEFAULT_HTTP_PORT = 8092
@@ -126,32 +128,13 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
 def run(args: argparse.Namespace, stop: threading.Event | None = None,
         environ: Mapping[str, str] | None = None) -> int:
     """Serve until SIGTERM / SIGINT (or until `stop` is set)."""
-    environ = os.environ if environ is None else environ
-    model, lora = load_served_model(args)
-    metrics = ServiceMetrics("regenerator")
-    plane = RegeneratorDataPlane(model, PrecisionConfig(args.precision), lora,
-                                 build_scorer(args.reward, args.reward_addr or None), steps=args.steps,
-                                 micro_batch=args.micro_batch, version_wait_s=args.version_wait_s)
-    svc = start(plane, metrics, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
-                max_workers=args.max_workers, adapter_token=environ.get(ENV_ADAPTER_TOKEN) or None,
-                max_adapter_bytes=args.max_adapter_bytes)
-    consumer = start_consumer("regenerator", plane, args.redis_url, args.queue_namespace) \
-        if getattr(args, "redis_url", "") else None
-    try:
-        return wait_and_stop(svc, stop, f"solrl regenerator: grpc {svc.grpc.address}, http {svc.http.host}:"
-                                        f"{svc.http.port}, model {plane.model_name} ({plane.hot.backend}), "
-                                        f"reward {plane.info()['reward']}")
-    finally:
-        if consumer is not None:
-            consumer.stop()
+    return run_rollout_role("regenerator", args, stop, environ, start, lambda model, lora, scorer: RegeneratorDataPlane(
+        model, PrecisionConfig(args.precision), lora, scorer, steps=args.steps, micro_batch=args.micro_batch,
+        version_wait_s=args.version_wait_s))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m services.regenerator.server", description="solrl regenerator service")
-    add_arguments(p)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run(args)
+    return run_main("python -m services.regenerator.server", "solrl regenerator service", add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -17,19 +17,23 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 import solrl
 from services.common.env import Addresses
-from services.common.grpc_server import GrpcServer, GrpcService, build_grpc_server, service_name
+from services.common.grpc_server import (
+    GrpcServer,
+    GrpcService,
+    build_grpc_server,
+    service_name,
+)
 from services.common.kserve import decode_inputs, encode_output
+from services.common.lifecycle import RunningService, run_main, serve_until_stopped
 from services.common.metrics import ServiceMetrics
 from services.common.ops import HttpServer, create_ops_app
 from services.common.tensors import DEFAULT_MAX_TENSOR_BYTES, tensor_to_numpy
@@ -146,22 +150,7 @@ def build_server(plane: RewardDataPlane, *, host: str = "127.0.0.1", port: int =
         host=host, port=port, max_workers=max_workers, metrics=metrics)
 
 
-@dataclass
-class RewardService:
-    """A running reward service: data plane, gRPC server and ops HTTP server."""
-
-    plane: RewardDataPlane
-    grpc: GrpcServer
-    http: HttpServer
-    metrics: ServiceMetrics
-    stopping: threading.Event
-
-    def stop(self, grace: float = 5.0) -> None:
-        """Not ready, NOT_SERVING, drain in-flight RPCs, then stop the batchers and the HTTP server."""
-        self.stopping.set()
-        self.grpc.stop(grace)
-        self.plane.close()
-        self.http.stop()
+RewardService = RunningService  # a running reward service: data plane, gRPC and ops HTTP servers
 
 
 def start(plane: RewardDataPlane, metrics: ServiceMetrics, *, host: str = "127.0.0.1", grpc_port: int = 0,
@@ -214,30 +203,12 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
                                   observe=metrics.observe_batch)
     svc = start(plane, metrics, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                 max_workers=args.max_workers)
-    stop = stop or threading.Event()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
-    print(f"solrl reward: grpc {svc.grpc.address}, http {svc.http.host}:{svc.http.port}, "
-          f"rewards {svc.plane.models}", flush=True)
-    try:
-        while not stop.wait(0.5):
-            pass
-        log.info("shutting down")
-        svc.stop()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 0
+    banner = f"solrl reward: grpc {svc.grpc.address}, http {svc.http.host}:{svc.http.port}, rewards {svc.plane.models}"
+    return serve_until_stopped(stop, banner, svc.stop, log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m services.reward.server", description="solrl reward service")
-    add_arguments(p)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run(args)
+    return run_main("python -m services.reward.server", "solrl reward service", add_arguments, run, argv)
 
 
 if __name__ == "__main__":

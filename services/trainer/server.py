@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -29,10 +28,20 @@ import grpc
 import solrl
 from services.common.adapter_reload import ENV_ADAPTER_TOKEN
 from services.common.env import Addresses
-from services.common.grpc_server import MAX_GRPC_MESSAGE_SIZE, GrpcService, build_grpc_server, service_name
+from services.common.grpc_server import (
+    MAX_GRPC_MESSAGE_SIZE,
+    GrpcService,
+    build_grpc_server,
+    service_name,
+)
+from services.common.lifecycle import run_main, stop_on_signals
 from services.common.metrics import ServiceMetrics
 from services.common.ops import HttpServer, create_ops_app
-from services.common.workers import DEFAULT_NAMESPACE, ENV_QUEUE_NAMESPACE, ENV_REDIS_URL
+from services.common.workers import (
+    DEFAULT_NAMESPACE,
+    ENV_QUEUE_NAMESPACE,
+    ENV_REDIS_URL,
+)
 from solrl.config import resolve
 from solrl.distributed import RemoteSession, run_distributed
 from solrl.pb.solrl.common.v1 import common_pb2
@@ -178,17 +187,13 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
         finally:
             stop.set()
 
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
-    server.start()
-    http.start()
-    print(f"solrl trainer: grpc {server.address}, http {http.host}:{http.port}, run {run_id} -> {run_dir}, "
-          f"{cfg.epochs} epochs", flush=True)
-    # a daemon thread: on a signal the process exits without waiting for the epoch in progress
-    threading.Thread(target=drive, name="driver", daemon=True).start()
-    try:
+    with stop_on_signals(stop):
+        server.start()
+        http.start()
+        print(f"solrl trainer: grpc {server.address}, http {http.host}:{http.port}, run {run_id} -> {run_dir}, "
+              f"{cfg.epochs} epochs", flush=True)
+        # a daemon thread: on a signal the process exits without waiting for the epoch in progress
+        threading.Thread(target=drive, name="driver", daemon=True).start()
         while not stop.wait(0.5):
             pass
         log.info("shutting down (%s)", servicer.state())
@@ -196,18 +201,11 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
         http.stop()
         pusher.close()
         queue.close()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     return outcome["rc"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m services.trainer.server", description="solrl trainer service")
-    add_arguments(p)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run(args)
+    return run_main("python -m services.trainer.server", "solrl trainer service", add_arguments, run, argv)
 
 
 if __name__ == "__main__":
