@@ -86,7 +86,9 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     cfg = PretrainConfig(steps=a.steps, batch_size=a.batch_size, seed=a.seed, init_from=a.init_from,
-                         **({"lr": a.lr} if a.lr else {}), **({"warmup": a.warmup} if a.warmup is not None else {}))
+                         **({"lr": a.lr} if a.lr else {}), **({"warmup": a.warmup} if a.warmup is not None else {}),
+                         ema_decay=a.ema_decay, t_sampling=a.t_sampling,
+                         **({"min_lr_ratio": a.min_lr_ratio} if a.min_lr_ratio is not None else {}))
     if cfg.steps <= 0 or cfg.batch_size <= 0:
         raise ConfigError("--steps and --batch-size must be positive")
     pretrain(cfg, Path(a.out), progress=not a.no_progress)
@@ -159,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--init-from", default=None, help="continue from saved weights (second phase)")
     sp.add_argument("--lr", type=float, default=None)
     sp.add_argument("--warmup", type=int, default=None)
+    sp.add_argument("--min-lr-ratio", type=float, default=None, help="cosine floor as a share of --lr")
+    sp.add_argument("--ema-decay", type=float, default=0.0, help="save an EMA of the weights (e.g. 0.999)")
+    sp.add_argument("--t-sampling", choices=["uniform", "logit_normal"], default="uniform")
     sp.add_argument("--no-progress", action="store_true")
     sp.set_defaults(fn=cmd_pretrain)
 

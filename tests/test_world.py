@@ -114,7 +114,7 @@ def test_partial_credit_and_sub_scores():
     img = render(spec, rng)
     three = score_spec(img, parse("three red squares"))
     assert three["count"] == pytest.approx(2 / 3)
-    assert three["colour"] == pytest.approx(2 / 3)
+    assert three["colour"] == pytest.approx(2 * 2 / (3 + 2))  # F1: recall 2/3, precision 1
     assert np.isnan(three["position"])
     blank = np.full_like(img, 245)
     s = score_spec(blank, parse("a red circle on the left"))
@@ -122,6 +122,27 @@ def test_partial_credit_and_sub_scores():
     wrong_shape = score_spec(render(parse("a red circle"), rng), parse("a red triangle"))
     assert wrong_shape["colour"] == 1.0 and wrong_shape["shape"] == 0.0
     assert 0 < wrong_shape["total"] < 1
+
+
+def test_extra_fragments_cost_credit():
+    """Flooding the canvas with patches of the prompted colour must not pay (the hack RL found)."""
+    from solrl.world.shapes import COLORS as PALETTE
+
+    rng = np.random.default_rng(5)
+    worse = 0
+    specs = [parse(c) for c in ("a red circle on the left", "a blue square above a green triangle",
+                                "two yellow triangles", "a cyan circle")]
+    for spec in specs:
+        img = render(spec, rng)
+        clean = score_spec(img, spec)["total"]
+        flooded = img.copy()
+        colour = PALETTE[spec.objects[0].color]
+        for y, x in ((1, 1), (1, 27), (27, 1), (27, 27), (14, 1)):
+            if (flooded[y:y + 4, x:x + 4] == 245).all():  # only on background
+                flooded[y:y + 4, x:x + 4] = colour
+        assert len(detect(flooded)) > len(detect(img))
+        worse += score_spec(flooded, spec)["total"] < clean
+    assert clean == 1.0 and worse == len(specs)
 
 
 def test_detection_finds_objects_and_their_geometry():

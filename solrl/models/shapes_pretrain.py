@@ -36,6 +36,8 @@ class PretrainConfig:
     seed: int = 0
     save_every: int = 250
     init_from: str | None = None   # continue from saved weights (a second phase); None = random init
+    ema_decay: float = 0.0         # > 0: keep an exponential moving average of the weights and save it
+    t_sampling: str = "uniform"    # "uniform" or "logit_normal" (SD3's weighting of the middle of t)
 
 
 class PromptSampler:
@@ -71,6 +73,14 @@ def lr_at(step: int, cfg: PretrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def _saved(model: ShapesModel, ema) -> ShapesModel:
+    """The model to save: the EMA weights when an average is kept, else the raw ones."""
+    if ema is None:
+        return model
+    transformer, text_encoder = ema.module
+    return ShapesModel(transformer, text_encoder)
+
+
 def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesModel:
     out.mkdir(parents=True, exist_ok=True)
     model = ShapesModel.load(cfg.init_from) if cfg.init_from else ShapesModel.random(cfg.seed)
@@ -82,6 +92,13 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
     sampler = PromptSampler(train_caps)
     rng = np.random.default_rng(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
+    ema = None
+    if cfg.ema_decay > 0:  # torch's own averaging utility; the averaged copy is what gets saved
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+        ema = AveragedModel(torch.nn.ModuleList([model.transformer, model.text_encoder]),
+                            multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
+    if cfg.t_sampling not in ("uniform", "logit_normal"):
+        raise ValueError(f"t_sampling must be 'uniform' or 'logit_normal', got {cfg.t_sampling!r}")
     log = (out / "loss.jsonl").open("w")
     t0 = time.time()
     bar = tqdm(range(cfg.steps), desc="pretrain", disable=not progress)
@@ -91,7 +108,10 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
         drop = torch.rand(cfg.batch_size, generator=gen) < cfg.caption_dropout
         prompts = ["" if d else p for p, d in zip(prompts, drop.tolist())]
         noise = torch.randn(x0.shape, generator=gen)
-        t = torch.rand(cfg.batch_size, generator=gen)
+        if cfg.t_sampling == "logit_normal":
+            t = torch.sigmoid(torch.randn(cfg.batch_size, generator=gen))
+        else:
+            t = torch.rand(cfg.batch_size, generator=gen)
         xt = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
         v = model.velocity(model.transformer, xt, t, model.encode(prompts))
         loss = F.mse_loss(v, noise - x0)
@@ -101,6 +121,8 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
+        if ema is not None:
+            ema.update_parameters(torch.nn.ModuleList([model.transformer, model.text_encoder]))
         rec = {"step": step + 1, "loss": loss.item(), "grad_norm": gn.item(), "lr": lr_at(step, cfg),
                "elapsed_s": round(time.time() - t0, 2)}
         log.write(json.dumps(rec) + "\n")
@@ -109,7 +131,9 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             card = {"config": asdict(cfg), "steps_done": step + 1, "elapsed_s": rec["elapsed_s"],
                     "torch_threads": torch.get_num_threads(), "parent": _parent_card(cfg.init_from)}
-            model.save(out / f"step_{step + 1:05d}", card)
+            _saved(model, ema).save(out / f"step_{step + 1:05d}", card)
+    if ema is not None:
+        model = _saved(model, ema)
     model.transformer.eval().requires_grad_(False)
     model.text_encoder.eval().requires_grad_(False)
     return model

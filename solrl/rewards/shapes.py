@@ -7,12 +7,14 @@ class comes from geometry (fill ratio of the bounding box, how the width changes
 the position from the centroid.
 
 Score in [0, 1] with partial credit: the mean of the applicable sub-scores
-  colour   - share of expected objects matched by a detected object of that colour
-  shape    - share of expected objects matched by a detected object of that colour AND shape
+  colour   - F1 of the detections against the expected objects, a match needing the colour
+  shape    - the same F1, a match needing colour AND shape
   count    - 1 - |detected - expected| / expected (floored at 0)
   position - for positioned prompts and relations: 1 if the matched object(s) satisfy it
 Expected objects are matched to detections by the assignment that maximises colour, shape and
-position agreement.
+position agreement. The F1 (2 * matched / (expected + detected)) makes every extra detection cost
+credit: with recall alone, an image flooded with fragments of the prompted colour earns colour, shape
+and position credit from its best fragments, and RL finds that in a few epochs (docs/shapes.md).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ _PALETTE = np.array([COLORS[c] for c in _NAMES] + [BACKGROUND], dtype=np.float32
 _BG = len(_NAMES)
 MAX_COLOR_DIST = 90.0      # farther than this from every palette entry -> background
 MIN_AREA_FRACTION = 0.008  # components smaller than this share of the image are noise (8 px at 32x32)
-MAX_DETECTIONS = 6         # only the largest detections take part in matching
+MAX_DETECTIONS = 6         # only the largest detections take part in matching (all of them are counted)
 REL_MARGIN = 0.08          # relations need this much separation (fraction of the side)
 
 
@@ -81,7 +83,7 @@ def detect(image: np.ndarray) -> list[Detection]:
                                    (xs.mean() + sl[1].start + 0.5) / w,
                                    (ys.mean() + sl[0].start + 0.5) / h, area))
     found.sort(key=lambda d: -d.area)
-    return found[:MAX_DETECTIONS]
+    return found
 
 
 def _position_ok(position: str, d: Detection) -> bool:
@@ -147,11 +149,12 @@ def _best_match(dets: list[Detection], spec: Spec) -> tuple[float, float, float]
 def score_spec(image: np.ndarray, spec: Spec) -> dict[str, float]:
     """Sub-scores and total for one image. Keys: total, colour, shape, count, position (NaN if n/a)."""
     dets = detect(image)
-    m = len(spec.expected)
+    m, n = len(spec.expected), len(dets)
     has_pos = spec.relation is not None or spec.position is not None
-    best = _best_match(dets, spec)
-    count = max(0.0, 1.0 - abs(len(dets) - m) / m)
-    parts = {"colour": float(best[0]), "shape": float(best[1]), "count": float(count),
+    best = _best_match(dets[:MAX_DETECTIONS], spec)  # recall: shares of the expected objects matched
+    f1 = 2.0 * m / (m + n)  # matched = recall * m, so F1 = 2 * matched / (m + n) = recall * f1
+    count = max(0.0, 1.0 - abs(n - m) / m)
+    parts = {"colour": float(best[0] * f1), "shape": float(best[1] * f1), "count": float(count),
              "position": float(best[2]) if has_pos else float("nan")}
     vals = [v for v in parts.values() if not np.isnan(v)]
     return {"total": float(np.mean(vals)), **parts}
