@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +59,36 @@ ENV_EXPLORER_ADDRS = "SOLRL_EXPLORER_ADDRS"
 ENV_REGENERATOR_ADDRS = "SOLRL_REGENERATOR_ADDRS"
 
 
+ALL_PREFIX = "all+"  # "all+host:port": every address the name resolves to (a headless Service's pods)
+
+
 def parse_addrs(text: str, field: str) -> list[str]:
-    """Comma-separated host:port addresses (empty entries dropped)."""
+    """Comma-separated host:port addresses (empty entries dropped); `all+host:port` entries stand for
+    every address `host` resolves to at push time (Kubernetes headless Services, scaled explorers)."""
     addrs = [a.strip() for a in (text or "").split(",") if a.strip()]
     for a in addrs:
-        host, _, port = a.rpartition(":")
+        host, _, port = a.removeprefix(ALL_PREFIX).rpartition(":")
         if not host or not port.isdigit():
-            raise ValueError(f"{field}: {a!r} is not host:port")
+            raise ValueError(f"{field}: {a!r} is not host:port or {ALL_PREFIX}host:port")
     return addrs
+
+
+def expand_addrs(addrs: Sequence[str]) -> list[str]:
+    """Resolve `all+host:port` entries to one ip:port per address of host (sorted, deduplicated);
+    plain entries pass through. A name that does not resolve is an error naming it."""
+    out: list[str] = []
+    for a in addrs:
+        if not a.startswith(ALL_PREFIX):
+            out.append(a)
+            continue
+        host, _, port = a.removeprefix(ALL_PREFIX).rpartition(":")
+        try:
+            infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise RuntimeError(f"cannot resolve {a!r}: {exc}") from None
+        ips = sorted({info[4][0] for info in infos})
+        out.extend(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips)
+    return list(dict.fromkeys(out))
 
 
 class AdapterPusher:
@@ -75,15 +98,29 @@ class AdapterPusher:
                  timeout_s: float = 120.0) -> None:
         if (explorers or regenerators) and not token:
             raise ValueError(f"{ENV_ADAPTER_TOKEN} must be set to push adapters to the rollout services")
-        options = [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
-                   ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE)]
         self.metadata = (("authorization", f"Bearer {token}"),)
         self.timeout_s = float(timeout_s)
-        self._channels = [grpc.insecure_channel(a, options=options) for a in [*explorers, *regenerators]]
-        self.targets = [(a, explorer_pb2_grpc.ExplorerStub(c).LoadAdapter, explorer_pb2.LoadAdapterRequest)
-                        for a, c in zip(explorers, self._channels)]
-        self.targets += [(a, regenerator_pb2_grpc.RegeneratorStub(c).LoadAdapter, regenerator_pb2.LoadAdapterRequest)
-                         for a, c in zip(regenerators, self._channels[len(explorers):])]
+        self.explorers, self.regenerators = list(explorers), list(regenerators)
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def _channel(self, address: str) -> grpc.Channel:
+        if address not in self._channels:
+            options = [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+                       ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE)]
+            self._channels[address] = grpc.insecure_channel(address, options=options)
+        return self._channels[address]
+
+    @property
+    def targets(self) -> list[tuple[str, Callable, type]]:
+        """(address, LoadAdapter stub, request class) per rollout service, `all+` names resolved now,
+        so pods added since the last push (a scaled Deployment) get the adapter too."""
+        out: list[tuple[str, Callable, type]] = []
+        for a in expand_addrs(self.explorers):
+            out.append((a, explorer_pb2_grpc.ExplorerStub(self._channel(a)).LoadAdapter, explorer_pb2.LoadAdapterRequest))
+        for a in expand_addrs(self.regenerators):
+            out.append((a, regenerator_pb2_grpc.RegeneratorStub(self._channel(a)).LoadAdapter,
+                        regenerator_pb2.LoadAdapterRequest))
+        return out
 
     def __call__(self, data: bytes, version: int, sha256: str) -> None:
         for address, rpc, request in self.targets:
@@ -95,7 +132,7 @@ class AdapterPusher:
                                    f"{exc.code().name}: {exc.details()}") from None
 
     def close(self) -> None:
-        for c in self._channels:
+        for c in self._channels.values():
             c.close()
 
 
