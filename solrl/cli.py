@@ -102,6 +102,26 @@ def _missing_services(err: ImportError) -> int:
     return 2
 
 
+def cmd_bench(a: argparse.Namespace) -> int:
+    from solrl.bench import run_bench
+
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    kw = {k: v for k, v in (("prompts", a.prompts), ("seeds", a.seeds), ("epochs", a.epochs)) if v}
+    if a.precisions:
+        kw["precisions"] = tuple(a.precisions.split(","))
+    if a.steps:
+        kw["steps"] = a.steps
+    try:
+        run_bench(a.name, Path(a.out), small=a.small, **kw)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    print(Path(a.out, f"{a.name}.md").read_text())
+    return 0
+
+
 def cmd_up(a: argparse.Namespace) -> int:
     from solrl.up import run
 
@@ -166,6 +186,22 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--t-sampling", choices=["uniform", "logit_normal"], default="uniform")
     sp.add_argument("--no-progress", action="store_true")
     sp.set_defaults(fn=cmd_pretrain)
+
+    from solrl.bench import BENCHES
+
+    b = sub.add_parser("bench", help="benchmarks: writes OUT/<name>.json and OUT/<name>.md",
+                       description="\n".join(f"{k}: {v}" for k, v in BENCHES.items()),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("name", choices=sorted(BENCHES))
+    b.add_argument("--out", required=True)
+    b.add_argument("--small", action="store_true", help="tiny settings (seconds; what the tests run)")
+    b.add_argument("--threads", type=int, default=0)
+    b.add_argument("--prompts", type=int, default=None, help="ranking: held-out prompts; rollout: prompts per epoch")
+    b.add_argument("--seeds", type=int, default=None, help="ranking: seeds per prompt")
+    b.add_argument("--epochs", type=int, default=None, help="rollout / serve: epochs per mode")
+    b.add_argument("--precisions", default=None, help="ranking: comma-separated proxy precisions")
+    b.add_argument("--steps", type=_steps, default=None, help="ranking: comma-separated explore steps")
+    b.set_defaults(fn=cmd_bench)
 
     sv = sub.add_parser("serve", help="run one service role (what containers run)")
     roles = sv.add_subparsers(dest="role", required=True)

@@ -1,0 +1,29 @@
+"""`solrl bench <name>`: the paper's claims measured on the shapes world, and our own costs.
+
+Each benchmark is a module `solrl.bench.<name>` with `run(out: Path, small: bool, **kw) -> dict`
+that writes `out/<name>.json` and `out/<name>.md` (machine described; see `common.write_results`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+BENCHES: dict[str, str] = {
+    "ranking": "low-precision few-step proxy vs BF16 full-step rewards: Kendall tau, Spearman, top-k",
+    "rollout": "per-epoch rollout time and forwards: naive_scaling vs sol_rl vs diffusion_nft",
+    "serve": "services vs embedded epoch time; reward service throughput and latency via tritonclient",
+}
+
+
+def run_bench(name: str, out: Path, small: bool = False, **kw: Any) -> dict[str, Any]:
+    if name not in BENCHES:
+        raise ValueError(f"unknown bench {name!r}; available: {sorted(BENCHES)}")
+    module = importlib.import_module(f"solrl.bench.{name}")
+    accepted = inspect.signature(module.run).parameters
+    unknown = sorted(k for k in kw if k not in accepted)
+    if unknown:
+        raise ValueError(f"bench {name!r} does not take {', '.join(unknown)}")
+    return module.run(Path(out), small=small, **kw)

@@ -1,0 +1,48 @@
+"""What every benchmark shares: the machine description and the result files.
+
+Each benchmark module `solrl.bench.<name>` exposes `run(out: Path, small: bool) -> dict`, which writes
+`out/<name>.json` and `out/<name>.md` through `write_results` (and a PNG where a picture helps).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores, memory and library versions of the machine a benchmark ran on."""
+    import torch
+
+    from solrl.loop import describe_machine
+
+    m = describe_machine()
+    mem_gib = None
+    try:
+        kb = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split()[1])
+        mem_gib = round(kb / 2**20, 1)
+    except (OSError, StopIteration, ValueError):
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {**m, "memory_gib": mem_gib, "gpu": gpu, "platform": platform.platform(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    gpu = m["gpu"] or "no GPU"
+    return (f"{m['cpu']}, {m['cores']} cores ({m['threads']} torch threads), {m['memory_gib']} GiB, {gpu}; "
+            f"Python {m['python']}, torch {m['torch']}; {m['date']}")
+
+
+def write_results(out: Path, name: str, result: dict[str, Any], markdown_body: str) -> dict[str, Any]:
+    """Write out/<name>.json (result + machine) and out/<name>.md (title, machine line, body)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"bench": name, "machine": machine(), **result}
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
+    md = f"# solrl bench {name}\n\nMachine: {machine_line(result['machine'])}\n\n{markdown_body.strip()}\n"
+    (out / f"{name}.md").write_text(md)
+    return result

@@ -1,0 +1,80 @@
+"""`solrl bench` at --small settings: the files, their structure and value ranges; the ranking metrics
+on inputs whose answers are known."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from solrl.bench import run_bench
+from solrl.bench.ranking import aggregate, prompt_metrics
+from solrl.cli import main
+
+
+def test_ranking_metrics_on_known_orders():
+    ref = np.arange(16, dtype=float)
+    same = prompt_metrics(ref * 2 + 1, ref)
+    assert same["kendall_tau"] == pytest.approx(1) and same["spearman"] == pytest.approx(1)
+    assert same["top_4_match"] == 1 and same["bottom_4_false_inclusion"] == 0
+    rev = prompt_metrics(-ref, ref)
+    assert rev["kendall_tau"] == pytest.approx(-1) and rev["top_4_match"] == 0
+    assert rev["bottom_4_false_inclusion"] == 1 and rev["bottom_half_8_false_inclusion"] == 1
+    # ties in the reference: any of the tied best seeds is a match
+    tied = np.array([1, 1, 1, 1, 1, 0, 0, 0], dtype=float)
+    m = prompt_metrics(np.array([0, 1, 2, 3, 4, 5, 6, 7], dtype=float), tied, ks=(4,))
+    assert m["top_4_match"] == pytest.approx(1 / 4)  # proxy's top-4 = seeds 7,6,5,4: only seed 4 is tied-best
+    flat = aggregate(np.zeros((2, 8)), np.tile(np.arange(8.0), (2, 1)), ks=(4,))
+    assert flat["kendall_tau"] is None and flat["prompts_with_correlation"] == 0  # constant proxy: no correlation
+
+
+def test_ranking_small(tmp_path):
+    r = run_bench("ranking", tmp_path, small=True)
+    saved = json.loads((tmp_path / "ranking.json").read_text())
+    assert saved["rows"] == json.loads(json.dumps(r["rows"])) and "cpu" in saved["machine"]
+    assert (tmp_path / "ranking.md").read_text().count("\n|") >= 4
+    assert {row["precision"] for row in r["rows"]} == {"nvfp4-emu", "mxfp4-emu", "random"}
+    for row in r["rows"]:
+        for key in ("kendall_tau", "spearman"):
+            assert row[key] is None or -1 <= row[key] <= 1
+        for key in ("top_k_match", "bottom_k_false_inclusion", "bottom_half_false_inclusion"):
+            assert all(0 <= v <= 1 for v in row[key].values()) and set(row[key]) == {"4", "8"}
+        if row["precision"] != "random":
+            assert row["forwards"] == r["prompts"] * r["seeds_per_prompt"] * row["steps"] and row["sample_s"] > 0
+    assert r["reference"]["forwards"] == r["prompts"] * r["seeds_per_prompt"] * r["reference"]["steps"]
+
+
+def test_rollout_small_through_the_cli(tmp_path, capsys):
+    assert main(["bench", "rollout", "--small", "--out", str(tmp_path)]) == 0
+    assert "measured rollout speed-up" in capsys.readouterr().out
+    r = json.loads((tmp_path / "rollout.json").read_text())
+    m = r["modes"]
+    p = r["prompts"]
+    sol, naive, nft = m["sol_rl"], m["naive_scaling"], m["diffusion_nft"]
+    assert sol["forwards_explore"] == p * sol["pool"] * sol["explore_steps"]
+    assert sol["forwards_regenerate"] == nft["forwards_regenerate"] == p * sol["kept"] * sol["steps"]
+    assert naive["forwards_regenerate"] == p * naive["pool"] * naive["steps"] and naive["forwards_explore"] == 0
+    assert all(v["rollout_s"] > 0 and v["epoch_s"] >= v["rollout_s"] for v in m.values())
+    assert r["speedup"]["forward_bound_fp4_half_cost"] > r["speedup"]["forward_bound_equal_cost"] > 0
+
+
+def test_bench_rejects_unknown_names_and_options(tmp_path):
+    with pytest.raises(ValueError, match="unknown bench"):
+        run_bench("nope", tmp_path)
+    with pytest.raises(ValueError, match="does not take seeds"):
+        run_bench("rollout", tmp_path, small=True, seeds=4)
+
+
+@pytest.mark.slow
+def test_serve_small(tmp_path):
+    r = run_bench("serve", tmp_path, small=True)
+    e, w, h = r["epoch_time"], r["reward_service"], r["hot_reload"]
+    if "skipped" not in e:
+        assert len(e["services_epoch_s"]) == len(e["embedded_epoch_s"]) == e["epochs"] and e["ratio"] > 0
+    assert w["in_process_images_per_s"] > 0
+    for row in w["rows"]:
+        assert row["errors"] == 0 and row["requests"] > 0
+        assert row["p99_ms"] >= row["p50_ms"] > 0 and row["ratio_vs_in_process"] > 0
+    assert h["ratio"] > 0 and len(h["reload_s"]) == len(h["explore_s"]) == 2
+    assert (tmp_path / "serve.md").exists()
