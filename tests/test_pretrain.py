@@ -26,7 +26,7 @@ def test_pretrain_steps_save_loadable_checkpoints_and_ema(tmp_path):
     assert [r["step"] for r in logs] == [1, 2, 3, 4] and all(r["loss"] > 0 for r in logs)
     for run in ("raw", "ema"):
         for step in ("step_00002", "step_00004"):
-            loaded = load_model("shapes", tmp_path / run / step)
+            assert load_model("shapes", tmp_path / run / step).spec.name == "shapes"
             card = json.loads((tmp_path / run / step / "card.json").read_text())
             assert card["steps_done"] == int(step[-5:])
     # the saved weights are the returned ones; with EMA they differ from any raw training state

@@ -36,7 +36,7 @@ def run(out: Path, small: bool = False, prompts: int | None = None, pool: int | 
         sess = Session.build(cfg)
         recs = [sess.epoch(e) for e in range(n_epochs)]
 
-        def med(key: str) -> float:
+        def med(key: str, recs: list[dict[str, Any]] = recs) -> float:
             return float(np.median([r.get(key, 0.0) for r in recs]))
 
         explore_s, regen_s = med("time_explore_s"), med("time_regenerate_s")
