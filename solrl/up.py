@@ -170,15 +170,19 @@ def _answers_200(url: str) -> bool:
 
 def plan(cfg: RunConfig, *, redis_url: str, namespace: str, run_dir: Path, trainer_args: Sequence[str],
          token: str, threads: int = 1, port: Callable[[], int] = free_port,
-         python: str = sys.executable) -> list[list[ChildSpec]]:
-    """The services' commands for `cfg`: reward, then explorer + regenerator, then the trainer."""
-    ports = {role: (port(), port()) for role in ROLES}   # (gRPC, HTTP)
+         python: str = sys.executable, explorers: int = 1) -> list[list[ChildSpec]]:
+    """The services' commands for `cfg`: reward, then explorer(s) + regenerator, then the trainer.
+    With several explorers they are named explorer-1, explorer-2, ... and share the explore stream."""
+    if explorers < 1:
+        raise ValueError(f"explorers must be >= 1, got {explorers}")
+    names = {"explorer": ["explorer"] if explorers == 1 else [f"explorer-{i + 1}" for i in range(explorers)]}
+    ports = {name: (port(), port()) for role in ROLES for name in names.get(role, [role])}   # (gRPC, HTTP)
 
-    def spec(role: str, args: list[str], env: Mapping[str, str] = {}) -> ChildSpec:
-        grpc_port, http_port = ports[role]
+    def spec(role: str, args: list[str], env: Mapping[str, str] = {}, name: str | None = None) -> ChildSpec:
+        grpc_port, http_port = ports[name or role]
         argv = [python, "-m", f"services.{role}.server", *args, "--host", HOST,
                 "--grpc-port", str(grpc_port), "--http-port", str(http_port)]
-        return ChildSpec(role, argv, dict(env), f"http://{HOST}:{http_port}/readyz")
+        return ChildSpec(name or role, argv, dict(env), f"http://{HOST}:{http_port}/readyz")
 
     r = cfg.rollout
     model = ["--model", cfg.model.name, *(["--model-path", cfg.model.path] if cfg.model.path else []),
@@ -188,15 +192,16 @@ def plan(cfg: RunConfig, *, redis_url: str, namespace: str, run_dir: Path, train
              "--micro-batch", str(r.micro_batch), "--threads", str(threads),
              "--redis-url", redis_url, "--queue-namespace", namespace]
     secret = {"SOLRL_ADAPTER_TOKEN": token}
-    explorer = spec("explorer", [*model, "--precision", r.explore_precision.backend, "--steps", str(r.explore_steps),
-                                 "--kept", str(r.kept), "--selection", r.selection], secret)
+    explorer_args = [*model, "--precision", r.explore_precision.backend, "--steps", str(r.explore_steps),
+                     "--kept", str(r.kept), "--selection", r.selection]
+    explorer_specs = [spec("explorer", explorer_args, secret, name) for name in names["explorer"]]
     regenerator = spec("regenerator", [*model, "--precision", r.precision.backend, "--steps", str(r.steps)], secret)
     trainer = spec("trainer", [*trainer_args, "--out", str(run_dir), "--redis-url", redis_url,
                                "--namespace", namespace,
-                               "--explorer-addrs", f"{HOST}:{ports['explorer'][0]}",
+                               "--explorer-addrs", ",".join(f"{HOST}:{ports[n][0]}" for n in names["explorer"]),
                                "--regenerator-addrs", f"{HOST}:{ports['regenerator'][0]}"],
                    secret)
-    return [[spec("reward", ["--rewards", cfg.reward])], [explorer, regenerator], [trainer]]
+    return [[spec("reward", ["--rewards", cfg.reward])], [*explorer_specs, regenerator], [trainer]]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -208,6 +213,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
     p.add_argument("--namespace", default=None, help="queue key namespace (default: solrl:<run directory name>)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rollout service (0: torch's default)")
+    p.add_argument("--explorers", type=int, default=1, help="explorer processes sharing the explore stream")
     p.add_argument("--startup-timeout-s", type=float, default=300.0, help="how long each service may take to be ready")
     p.add_argument("--grace-s", type=float, default=15.0, help="how long stopped services get before SIGKILL")
 
@@ -224,7 +230,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                     *[a for s in (args.set or []) for a in ("--set", s)]]
     token = os.environ.get("SOLRL_ADAPTER_TOKEN") or secrets.token_urlsafe(24)
     sup = Supervisor(plan(cfg, redis_url=args.redis_url, namespace=namespace, run_dir=run_dir,
-                          trainer_args=trainer_args, token=token, threads=args.threads),
+                          trainer_args=trainer_args, token=token, threads=args.threads,
+                          explorers=args.explorers),
                      out=out, startup_timeout_s=args.startup_timeout_s, grace_s=args.grace_s, done_role="trainer")
     previous = {}
     if threading.current_thread() is threading.main_thread():

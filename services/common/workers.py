@@ -89,6 +89,7 @@ class StreamWorker:
             return 0
         self.dedup.done(d)  # ack only after every result is published
         self.processed += 1
+        log.info("%s: job %s done by %s (delivery %d)", self.group, d.key, self.consumer, d.deliveries)
         return len(results)
 
     def run(self) -> None:
