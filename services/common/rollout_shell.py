@@ -121,7 +121,7 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
     svc = start(plane, ServiceMetrics(role), host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                 max_workers=args.max_workers, adapter_token=environ.get(ENV_ADAPTER_TOKEN) or None,
                 max_adapter_bytes=args.max_adapter_bytes)
-    consumer = start_consumer(role, plane, args.redis_url, args.queue_namespace) \
+    consumer = start_consumer(role, plane, args.redis_url, args.queue_namespace, args.claim_idle_ms) \
         if getattr(args, "redis_url", "") else None
     if not svc.adapters.enabled:
         log.warning("%s is not set: adapter hot reload is refused (403)", ENV_ADAPTER_TOKEN)

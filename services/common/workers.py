@@ -180,10 +180,12 @@ def add_consumer_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str
                    help=f"consume jobs from this work queue (env {ENV_REDIS_URL}; empty: serve RPCs only)")
     p.add_argument("--queue-namespace", default=environ.get(ENV_QUEUE_NAMESPACE, "") or DEFAULT_NAMESPACE,
                    help=f"queue key namespace (env {ENV_QUEUE_NAMESPACE})")
+    p.add_argument("--claim-idle-ms", type=int, default=QueueConfig.claim_idle_ms,
+                   help="reclaim a job another worker took but left un-acked for this long (a dead worker's)")
 
 
 def start_consumer(role: str, plane: ExplorerDataPlane | RegeneratorDataPlane, redis_url: str,
-                   namespace: str = DEFAULT_NAMESPACE) -> StreamWorker:
+                   namespace: str = DEFAULT_NAMESPACE, claim_idle_ms: int = QueueConfig.claim_idle_ms) -> StreamWorker:
     """For a service shell: connect to the queue and start `role`'s ("explorer" | "regenerator") consumer;
     its stop() also closes the connection."""
     factories = {"explorer": explorer_worker, "regenerator": regenerator_worker}
@@ -191,7 +193,7 @@ def start_consumer(role: str, plane: ExplorerDataPlane | RegeneratorDataPlane, r
         raise ValueError(f"role must be one of {sorted(factories)}, got {role!r}")
     if not isinstance(redis_url, str) or not redis_url:
         raise ValueError(f"redis_url must be a redis:// URL, got {redis_url!r}")
-    queue = build_queue(redis_url, QueueConfig(namespace=namespace))
+    queue = build_queue(redis_url, QueueConfig(namespace=namespace, claim_idle_ms=claim_idle_ms))
     worker = factories[role](queue, plane)
     worker.owns_queue = True
     log.info("%s: consuming %s (namespace %s)", role, worker.stream, namespace)
