@@ -81,3 +81,40 @@ def test_sigkilled_explorer_job_is_reclaimed_and_delivered_exactly_once(tmp_path
     redelivered = [line for line in log.splitlines() if "done by" in line and "(delivery 1)" not in line]
     assert len(redelivered) >= 1, log[-3000:]  # the survivor finished the victim's job on a redelivery
     print(f"jobs {len(jobs)}, results {len(keys)}, redelivered {len(redelivered)}, duplicates {len(keys) - len(set(keys))}")
+
+
+TRAIN_SETS = ["reward=jpeg_compressibility", "rollout.prompts_per_epoch=2", "rollout.pool=6", "rollout.kept=4",
+              "rollout.explore_steps=2", "rollout.steps=3", "train.micro_batch=4", "eval.prompts=2",
+              "eval.seeds_per_prompt=1", "eval.every=0", "tensorboard=false", "lora.rank=4", "lora.alpha=8",
+              "epochs=6", "threads=1"]
+
+
+def train_cmd(model_dir: Path, out: Path, resume: bool = False) -> list[str]:
+    sets = [*TRAIN_SETS, f"model.path={model_dir}"]
+    head = ["--resume", str(out)] if resume else ["--preset", "shapes-sol-rl", "--out", str(out)]
+    return [sys.executable, "-m", "solrl.cli", "train", *head, "--no-progress", *[a for s in sets for a in ("--set", s)]]
+
+
+@pytest.mark.slow
+def test_sigkilled_trainer_resumes_to_the_same_adapter_bytes(tmp_path):
+    model_dir = tmp_path / "model"
+    ShapesModel.random(seed=0).save(model_dir)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    full, part = tmp_path / "full", tmp_path / "part"
+    subprocess.run(train_cmd(model_dir, full), cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
+    proc = subprocess.Popen(train_cmd(model_dir, part), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not (part / "checkpoints" / "epoch_0002" / "state.json").exists():  # killed somewhere after epoch 2
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    done = sorted(p.name for p in (part / "checkpoints").glob("epoch_*"))
+    assert "epoch_0006" not in done  # it really was cut short
+    subprocess.run(train_cmd(model_dir, part, resume=True), cwd=ROOT, env=env, check=True, capture_output=True,
+                   timeout=300)
+    for name in ("adapters.safetensors", "optimizer.safetensors"):
+        assert (full / "checkpoints/epoch_0006" / name).read_bytes() == (part / "checkpoints/epoch_0006" / name).read_bytes()
+    assert (full / "adapter_ema.safetensors").read_bytes() == (part / "adapter_ema.safetensors").read_bytes()
+    print(f"killed after {done[-1]}; resumed run's final adapter bytes equal the uninterrupted run's")
