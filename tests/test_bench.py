@@ -78,3 +78,17 @@ def test_serve_small(tmp_path):
         assert row["p99_ms"] >= row["p50_ms"] > 0 and row["ratio_vs_in_process"] > 0
     assert h["ratio"] > 0 and len(h["reload_s"]) == len(h["explore_s"]) == 2
     assert (tmp_path / "serve.md").exists()
+
+
+@pytest.mark.slow
+def test_curve_small(tmp_path):
+    r = run_bench("curve", tmp_path, small=True)
+    assert set(r["curves"]) == {"sol_rl", "diffusion_nft", "naive_scaling", "naive_quant"}
+    befores = {c["points"][0]["reward"] for c in r["curves"].values()}
+    assert len(befores) == 1  # the same base model and eval seeds before training, whatever the mode
+    for c in r["curves"].values():
+        walls = [p["wall_s"] for p in c["points"]]
+        assert walls == sorted(walls) and walls[-1] > 0 and 0 <= c["final_reward"] <= 1
+        assert [p["epoch"] for p in c["points"]] == [0, 1, 2]
+    assert r["nft_final_reward"] == r["curves"]["diffusion_nft"]["final_reward"]
+    assert (tmp_path / "curve.png").stat().st_size > 1000 and (tmp_path / "curve.md").exists()

@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--logs", nargs="+", required=True)
     p.add_argument("--eval", required=True, help="directory with eval.json of `solrl eval --steps 10,40`")
     p.add_argument("--commands", nargs="+", required=True, help="the commands that trained the weights")
+    p.add_argument("--notes", default="", help="how it ran (threads, other load, EMA), one sentence")
     a = p.parse_args(argv)
     w = Path(a.weights)
     phases = loss_curve([Path(x) for x in a.logs], w / "loss_curve.png")
@@ -77,8 +78,8 @@ project from a fixed seed; the weights in this folder are what `load_model("shap
 - **Data**: rendered on the fly from the training prompts only (held-out prompts never rendered),
   forms balanced single 0.4 / count 0.2 / relation 0.4; batch 64.
 - **Training**: {' then '.join(f"{ph['steps']} steps" for ph in phases)} of AdamW (weight decay 0.01,
-  grad clip 1.0, warm-up then cosine), {total_s / 60:.0f} minutes in all on 2 CPU cores
-  (phase 1 with 1 thread beside other work). Reproduce with:
+  grad clip 1.0, warm-up then cosine), {total_s / 60:.0f} minutes in all on 2 CPU cores.
+  {a.notes} Reproduce with:
 
 ```bash
 {chr(10).join(a.commands)}
@@ -95,9 +96,10 @@ project from a fixed seed; the weights in this folder are what `load_model("shap
 |---|---|---|---|---|---|---|
 {rows}
 
-Held-out prompts are attribute combinations never rendered in pretraining. The reward leaves clear
-room for RL (exact match is rare); the usual failures are objects broken into several pieces
-(count) and wrong shapes.
+Held-out prompts are attribute combinations never rendered in pretraining. Scored with the
+precision-aware reward (colour and shape are F1 scores: extra detections cost credit). The usual
+failures are objects drawn as several 4x4-patch fragments (count, and the F1 of colour and shape)
+and wrong shapes; see docs/shapes.md.
 """
     (w / "README.md").write_text(text)
     print(text)
