@@ -92,3 +92,14 @@ def test_curve_small(tmp_path):
         assert [p["epoch"] for p in c["points"]] == [0, 1, 2]
     assert r["nft_final_reward"] == r["curves"]["diffusion_nft"]["final_reward"]
     assert (tmp_path / "curve.png").stat().st_size > 1000 and (tmp_path / "curve.md").exists()
+
+
+@pytest.mark.slow
+def test_ablate_small(tmp_path):
+    r = run_bench("ablate", tmp_path, small=True)
+    assert [(x["axis"], x["value"]) for x in r["rows"]] == [("pool", 8), ("pool", 12), ("explore_steps", 2),
+                                                            ("explore_steps", 4)]
+    for x in r["rows"]:
+        assert 0 <= x["reward_after"] <= 1 and x["rollout_s_per_epoch"] > 0 and x["kept_reward_std"] >= 0
+        assert x["proxy_kendall_tau"] is None or -1 <= x["proxy_kendall_tau"] <= 1
+    assert len({x["reward_before"] for x in r["rows"]}) == 1
