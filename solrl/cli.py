@@ -140,9 +140,57 @@ def cmd_list(a: argparse.Namespace) -> int:
 
         print("\n".join(available_models()))
     else:
-        from solrl.rewards import available_rewards
+        _list_rewards()
+    return 0
 
-        print("\n".join(available_rewards()))
+
+def _list_rewards() -> None:
+    """One line per reward: name, whether it needs downloaded weights, and whether it can be built here."""
+    from solrl.rewards import available_rewards, reward_info
+
+    for n in available_rewards():
+        info = reward_info(n)
+        missing = info.missing()
+        status = "ready" if not missing else "missing: " + "; ".join(missing)
+        weights = f"needs weights: {info.weights}" if info.needs_weights else "no weights"
+        print(f"{n:<22} {weights} [{status}]")
+
+
+def cmd_reward_score(a: argparse.Namespace) -> int:
+    """Score PNG(s) against a prompt with one reward (or a weighted spec) and print JSON."""
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    from solrl.rewards import build_reward
+
+    images = []
+    for path in a.image:
+        if not Path(path).is_file():
+            raise ConfigError(f"--image {path}: no such file")
+        try:
+            with Image.open(path) as im:
+                images.append(np.asarray(im.convert("RGB"), dtype=np.uint8))
+        except UnidentifiedImageError:
+            raise ConfigError(f"--image {path}: not an image PIL can read") from None
+    if len({im.shape for im in images}) != 1:
+        raise ConfigError(f"--image: all images must have the same size, got {[list(im.shape[:2]) for im in images]}")
+    try:
+        scorer = build_reward(a.reward)
+        batch = np.stack(images)
+        prompts = [a.prompt] * len(images)
+        detail = scorer.score_detailed(batch, prompts) if hasattr(scorer, "weights") else None
+        scores = np.asarray(scorer(batch, prompts), dtype=np.float64) if detail is None else detail["total"]
+    except (ValueError, TypeError, ImportError) as err:
+        raise ConfigError(f"--reward {a.reward}: {err}") from None
+    out = {"reward": getattr(scorer, "name", a.reward), "prompt": a.prompt}
+    if len(images) == 1:
+        out.update(image=a.image[0], score=float(scores[0]))
+    else:
+        out.update(images=list(a.image), scores=[float(x) for x in scores])
+    if detail is not None:
+        out["components"] = {k: [float(x) for x in v] for k, v in detail.items() if k != "total"}
+        out["weights"] = scorer.weights
+    print(json.dumps(out))
     return 0
 
 
@@ -227,6 +275,14 @@ def build_parser() -> argparse.ArgumentParser:
         up.set_defaults(fn=cmd_up)
     except ImportError as err:
         up.set_defaults(fn=lambda a, err=err: _missing_services(err))
+
+    rw = sub.add_parser("reward", help="score images with a reward")
+    rsub = rw.add_subparsers(dest="reward_cmd", required=True)
+    rs = rsub.add_parser("score", help="score PNG(s) against a prompt; prints JSON with the score")
+    rs.add_argument("--reward", required=True, help="a reward name (solrl rewards list) or 'pickscore:1.0+ocr:0.5'")
+    rs.add_argument("--image", required=True, action="append", help="a PNG (repeat for several)")
+    rs.add_argument("--prompt", required=True)
+    rs.set_defaults(fn=cmd_reward_score)
 
     for what in ("presets", "models", "rewards"):
         lp = sub.add_parser(what, help=f"list {what}")

@@ -18,7 +18,7 @@ from tritonclient.utils import np_to_triton_dtype
 import solrl
 from services.common.batching import DynamicBatcher
 from services.common.errors import NotFoundError
-from solrl.rewards import Scorer, available_rewards, build_reward, check_images
+from solrl.rewards import Scorer, build_reward, check_images, ready_rewards
 from solrl.world.shapes import PromptError
 
 MODEL_VERSION = "1"
@@ -78,8 +78,9 @@ class RewardDataPlane:
 
     @classmethod
     def build(cls, names: Sequence[str] | None = None, **kwargs: Any) -> RewardDataPlane:
-        """Scorers from the core registry (solrl.rewards.build_reward); names=None serves every reward."""
-        names = available_rewards() if names is None else list(names)
+        """Scorers from the core registry (solrl.rewards.build_reward); names=None serves every reward that
+        can be built here (its packages installed and weights found locally)."""
+        names = ready_rewards() if names is None else list(names)
         if not names:
             raise ValueError("names must list at least one reward")
         return cls({n: build_reward(n) for n in names}, **kwargs)

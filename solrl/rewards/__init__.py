@@ -1,13 +1,23 @@
-"""Reward scorers, found by name. A scorer maps (uint8 images [B,H,W,3], prompts) -> float32 scores [B]."""
+"""Reward scorers, found by name. A scorer maps (uint8 images [B,H,W,3], prompts) -> float32 scores [B].
+
+Every reward is registered with a factory; the ones with heavy dependencies or downloaded weights
+are imported only when built ("module:Class" factories). `build_reward` also accepts a weighted spec,
+`pickscore:1.0+ocr:0.5` (see `solrl.rewards.multi`).
+"""
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from solrl.rewards.jpeg import JpegCompressibility
 from solrl.rewards.shapes import ShapesReward, check_images
+from solrl.rewards.weights import MissingWeightsError
 
 
 class Scorer(Protocol):
@@ -16,26 +26,88 @@ class Scorer(Protocol):
     def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray: ...
 
 
-_REGISTRY: dict[str, Callable[[], Scorer]] = {
-    "shapes": ShapesReward,
-    "jpeg_compressibility": JpegCompressibility,
-}
+@dataclass(frozen=True)
+class RewardInfo:
+    name: str
+    factory: Callable[[], Scorer] | str   # a callable, or "module:attr" imported when the reward is built
+    needs_weights: bool = False           # downloaded model weights (from a local path or the HF cache)
+    requires: tuple[str, ...] = ()        # optional packages (import names) it needs
+    weights: str = ""                     # where the weights come from (environment variables, defaults)
+
+    def missing(self) -> list[str]:
+        """What is absent for this reward to build here (packages, weights); [] = ready. Cheap: loads nothing."""
+        out = [f"package {m}" for m in self.requires if importlib.util.find_spec(m) is None]
+        if isinstance(self.factory, str) and not out:
+            mod, _, attr = self.factory.partition(":")
+            check = getattr(getattr(importlib.import_module(mod), attr), "missing", None)
+            if check is not None:
+                out += check()
+        return out
+
+    def build(self) -> Scorer:
+        if isinstance(self.factory, str):
+            lacking = [m for m in self.requires if importlib.util.find_spec(m) is None]
+            if lacking:
+                raise ImportError(f"reward {self.name!r} needs the packages {lacking}; install them (docs/rewards.md)")
+            mod, _, attr = self.factory.partition(":")
+            return getattr(importlib.import_module(mod), attr)()
+        return self.factory()
+
+
+_REGISTRY: dict[str, RewardInfo] = {}
+
+
+def register_reward(name: str, factory: Callable[[], Scorer] | str, *, needs_weights: bool = False,
+                    requires: tuple[str, ...] = (), weights: str = "") -> None:
+    if not isinstance(name, str) or not name or any(c in name for c in ":+,{} "):
+        raise ValueError(f"reward name must be a non-empty string without ':+,{{}} ', got {name!r}")
+    if name in _REGISTRY:
+        raise ValueError(f"reward {name!r} is already registered")
+    _REGISTRY[name] = RewardInfo(name, factory, needs_weights, tuple(requires), weights)
 
 
 def available_rewards() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_reward(name: str) -> Scorer:
+def reward_info(name: str) -> RewardInfo:
     if name not in _REGISTRY:
         raise ValueError(f"unknown reward {name!r}; available: {available_rewards()}")
-    return _REGISTRY[name]()
+    return _REGISTRY[name]
 
 
-def register_reward(name: str, factory: Callable[[], Scorer]) -> None:
-    if name in _REGISTRY:
-        raise ValueError(f"reward {name!r} is already registered")
-    _REGISTRY[name] = factory
+def ready_rewards() -> list[str]:
+    """Registered rewards that can be built here now (packages installed, weights found locally)."""
+    return [n for n in available_rewards() if not _REGISTRY[n].missing()]
 
 
-__all__ = ["Scorer", "available_rewards", "build_reward", "register_reward", "check_images"]
+def build_reward(name: str) -> Scorer:
+    """A scorer by registry name, or a weighted sum from a spec like 'pickscore:1.0+ocr:0.5'."""
+    from solrl.rewards.multi import MultiReward, is_spec, parse_spec
+
+    if is_spec(name):
+        return MultiReward(parse_spec(name), build_reward)
+    return reward_info(name).build()
+
+
+register_reward("shapes", ShapesReward)
+register_reward("jpeg_compressibility", JpegCompressibility)
+register_reward("ocr", "solrl.rewards.ocr:OcrReward", requires=("rapidocr_onnxruntime", "rapidfuzz"),
+                weights="none to download (rapidocr_onnxruntime ships its ONNX models)")
+register_reward("clipscore", "solrl.rewards.clip:ClipScore", needs_weights=True,
+                weights="SOLRL_CLIPSCORE_MODEL (default openai/clip-vit-large-patch14)")
+register_reward("pickscore", "solrl.rewards.clip:PickScore", needs_weights=True,
+                weights="SOLRL_PICKSCORE_MODEL (default yuvalkirstain/PickScore_v1), "
+                        "SOLRL_PICKSCORE_PROCESSOR (default laion/CLIP-ViT-H-14-laion2B-s32B-b79K)")
+register_reward("hpsv2", "solrl.rewards.hps:HPSv2", needs_weights=True,
+                weights="SOLRL_HPSV2_CHECKPOINT (HPS_v2.1_compressed.pt; default repo xswu/HPSv2), "
+                        "SOLRL_HPSV2_TOKENIZER (default laion/CLIP-ViT-H-14-laion2B-s32B-b79K)")
+register_reward("imagereward", "solrl.rewards.imagereward:ImageReward", needs_weights=True,
+                weights="SOLRL_IMAGEREWARD_CHECKPOINT (ImageReward.pt; default repo THUDM/ImageReward), "
+                        "SOLRL_IMAGEREWARD_TOKENIZER (default google-bert/bert-base-uncased)")
+register_reward("hpsv3", "solrl.rewards.hps:HPSv3", needs_weights=True,
+                weights="SOLRL_HPSV3_CHECKPOINT (HPSv3.safetensors) + the hpsv3 package in its own environment")
+
+
+__all__ = ["MissingWeightsError", "RewardInfo", "Scorer", "available_rewards", "build_reward", "check_images",
+           "ready_rewards", "register_reward", "reward_info"]
