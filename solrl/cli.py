@@ -247,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", type=int, default=None, help="ranking: held-out prompts; rollout: prompts per epoch")
     b.add_argument("--seeds", type=int, default=None, help="ranking: seeds per prompt")
     b.add_argument("--epochs", type=int, default=None, help="rollout / serve: epochs per mode")
-    b.add_argument("--precisions", default=None, help="ranking: comma-separated proxy precisions")
+    b.add_argument("--precisions", default=None,
+                   help="ranking: comma-separated proxy precisions; NAME@2/6 limits one to those explore steps")
     b.add_argument("--steps", type=_steps, default=None, help="ranking: comma-separated explore steps")
     b.set_defaults(fn=cmd_bench)
 

@@ -86,6 +86,14 @@ def run(out: Path, small: bool = False, prompts: int | None = None, seeds: int |
     n_seeds = seeds or (16 if small else 96)
     if small:
         precisions, steps = precisions[:2], steps[:2]
+    plan = []  # (precision, its explore steps): "mxfp4-emu@4/6" limits one precision to those steps
+    for entry in precisions:
+        name, _, only = entry.partition("@")
+        try:
+            own = tuple(int(x) for x in only.split("/")) if only else tuple(steps)
+        except ValueError:
+            raise ValueError(f"precisions: {entry!r} is not NAME or NAME@S1/S2") from None
+        plan.append((name, own))
     ks = tuple(k for k in KS if k <= n_seeds // 2)
     cfg = get_preset("shapes-sol-rl")
     sess = Session.build(cfg, local_explorer=False)
@@ -106,9 +114,9 @@ def run(out: Path, small: bool = False, prompts: int | None = None, seeds: int |
     ref_time = time.perf_counter() - t0
     rows: list[dict[str, Any]] = []
     spec = model.spec
-    for prec in precisions:
+    for prec, prec_steps in plan:
         copy = InferenceCopy(sess.adapters, PrecisionConfig(backend=prec), spec.quant_skip, spec.quant_min_features)
-        for n in steps:
+        for n in prec_steps:
             t0 = time.perf_counter()
             cand, fwd = scores(copy.module, n)
             rows.append({"precision": prec, "steps": n, **aggregate(cand, ref, ks),
