@@ -49,3 +49,21 @@ def test_cli_rejects_bad_sampling_choice(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "solrl.cli", "shapes", "pretrain", "--out", str(tmp_path),
                            "--steps", "1", "--t-sampling", "cosine"], capture_output=True, text=True)
     assert proc.returncode == 2 and "--t-sampling" in proc.stderr
+
+
+def test_bundled_base_is_in_the_useful_band_and_its_card_is_reproducible():
+    """The issue's band for the base model's held-out reward at 10 steps: recognisable (>= 0.4) with room
+    for RL (<= 0.85); re-evaluating the bundled weights gives the number the card reports."""
+    from pathlib import Path
+
+    from solrl.config import get_preset
+    from solrl.loop import Session
+
+    card = json.loads((Path(__file__).resolve().parents[1] / "solrl/models/weights/shapes/heldout_eval.json").read_text())
+    reported = card["results"]["10"]["mean_reward"]
+    assert 0.4 <= reported <= 0.85
+    cfg = get_preset("shapes-sol-rl")
+    sess = Session.build(cfg, local_explorer=False)
+    summary, _ = sess.evaluate((10,))
+    assert summary["results"]["10"]["mean_reward"] == pytest.approx(reported, abs=0.02)
+    assert summary["results"]["10"]["n"] == card["results"]["10"]["n"] == 96
