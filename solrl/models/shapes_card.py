@@ -97,9 +97,8 @@ project from a fixed seed; the weights in this folder are what `load_model("shap
 {rows}
 
 Held-out prompts are attribute combinations never rendered in pretraining. Scored with the
-precision-aware reward (colour and shape are F1 scores: extra detections cost credit). The usual
-failures are objects drawn as several 4x4-patch fragments (count, and the F1 of colour and shape)
-and wrong shapes; see docs/shapes.md.
+precision-aware reward (colour and shape are F1 scores: extra detections cost credit). See
+docs/shapes.md for what the samples get wrong.
 """
     (w / "README.md").write_text(text)
     print(text)
