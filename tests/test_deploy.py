@@ -5,17 +5,24 @@
 - the KEDA ScaledObject (a CRD kubernetes-validate has no schema for) against the fields KEDA documents;
 - ports and environment names in compose and k8s are exactly those `solrl serve` reads;
 - each Dockerfile: non-root user, HEALTHCHECK on the ops port, entry `solrl serve <role>`, protos built.
+- the CPU compose file's reward and explorer, started with the Dockerfile's ENTRYPOINT, the compose
+  arguments and environment names, answer the k8s gRPC probe and the Dockerfile's HEALTHCHECK.
 The tools are installed by `.ci/run`; elsewhere a missing tool skips with a reason, unless
 SOLRL_REQUIRE_DEPLOY_TOOLS=1 (set by CI), where it fails.
 """
 
 from __future__ import annotations
 
+import argparse
+import inspect
+import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,20 +31,79 @@ import yaml
 from services.common.adapter_reload import ENV_ADAPTER_TOKEN
 from services.common.env import ENV_GRPC_PORT, ENV_HOST, ENV_HTTP_PORT
 from services.common.rollout_plane import ENV_REWARD_ADDR
-from services.common.workers import DEFAULT_NAMESPACE, ENV_QUEUE_NAMESPACE, ENV_REDIS_URL
+from services.common.rollout_shell import run_rollout_role
+from services.common.workers import (
+    DEFAULT_NAMESPACE,
+    ENV_QUEUE_NAMESPACE,
+    ENV_REDIS_URL,
+)
 from services.explorer import server as explorer_server
 from services.regenerator import server as regenerator_server
 from services.reward import server as reward_server
 from services.trainer import server as trainer_server
 from solrl.distributed import GROUP_EXPLORERS, STREAM_EXPLORE
+from solrl.rewards import available_rewards, reward_info
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLES = {"explorer": explorer_server, "regenerator": regenerator_server, "reward": reward_server,
          "trainer": trainer_server}
 PORTS = {role: (m.DEFAULT_GRPC_PORT, m.DEFAULT_HTTP_PORT) for role, m in ROLES.items()}
-# every SOLRL_* name a service shell reads (the constants the code uses, not a copy of them)
-READ_ENV = {ENV_HOST, ENV_GRPC_PORT, ENV_HTTP_PORT, ENV_REDIS_URL, ENV_QUEUE_NAMESPACE, ENV_REWARD_ADDR,
-            ENV_ADAPTER_TOKEN, trainer_server.ENV_EXPLORER_ADDRS, trainer_server.ENV_REGENERATOR_ADDRS}
+
+
+class RecordingEnv(dict):
+    """An empty environment that remembers every name the code looks up in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def get(self, key, default=None):
+        self.seen.add(key)
+        return default
+
+    def __contains__(self, key) -> bool:
+        self.seen.add(key)
+        return False
+
+
+def serve_reads(role: str) -> set[str]:
+    """The SOLRL_* names `solrl serve <role>` reads, from the code itself: the names its argument
+    parser looks up (the same `add_arguments` the CLI calls, fed a recording environment), plus the
+    adapter token for roles whose run path reads it (the token is read at start, not parse time)."""
+    module = ROLES[role]
+    env = RecordingEnv()
+    module.add_arguments(argparse.ArgumentParser(), env)
+    names = {n for n in env.seen if n.startswith("SOLRL_")}
+    run_src = inspect.getsource(module.run)
+    if "run_rollout_role(" in run_src:
+        run_src += inspect.getsource(run_rollout_role)
+    if "ENV_ADAPTER_TOKEN" in run_src:
+        names.add(ENV_ADAPTER_TOKEN)
+    return names
+
+
+READS = {role: serve_reads(role) for role in ROLES}
+# optional: the reward service's per-scorer weight overrides (unset = the default source in the HF cache)
+OPTIONAL = {role: set() for role in ROLES}
+OPTIONAL["reward"] = set(re.findall(r"SOLRL_[A-Z0-9_]+", " ".join(reward_info(n).weights for n in available_rewards())))
+
+
+def check_env(where: str, role: str, declared: set[str]) -> None:
+    solrl = {n for n in declared if n.startswith("SOLRL_")}
+    missing, extra = READS[role] - solrl, solrl - READS[role] - OPTIONAL[role]
+    assert not missing and not extra, f"{where}: missing {sorted(missing)}, not read by solrl serve {sorted(extra)}"
+
+
+def test_serve_reads_are_derived_from_the_code():
+    # guards the recorder: it must see what each role is known to need
+    assert READS["reward"] == {ENV_HOST, ENV_GRPC_PORT, ENV_HTTP_PORT}
+    for role in ("explorer", "regenerator"):
+        assert READS[role] >= {ENV_REDIS_URL, ENV_QUEUE_NAMESPACE, ENV_REWARD_ADDR, ENV_ADAPTER_TOKEN}
+    assert READS["trainer"] >= {trainer_server.ENV_EXPLORER_ADDRS, trainer_server.ENV_REGENERATOR_ADDRS,
+                                ENV_ADAPTER_TOKEN, ENV_REDIS_URL}
+    assert "SOLRL_PICKSCORE_MODEL" in OPTIONAL["reward"]
+
+
 REQUIRE = os.environ.get("SOLRL_REQUIRE_DEPLOY_TOOLS") == "1"
 
 
@@ -63,11 +129,13 @@ COMPOSE_FILES = ["docker-compose.yml", "docker-compose.cpu.yml"]
 def test_compose_config_is_valid(name):
     exe = tool("docker-compose")
     env = {**os.environ, ENV_ADAPTER_TOKEN: "test-token"}
-    proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          check=False)
     assert proc.returncode == 0, proc.stderr
     # without the token the file refuses to start rather than run unauthenticated
     env.pop(ENV_ADAPTER_TOKEN)
-    proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          check=False)
     assert proc.returncode != 0 and ENV_ADAPTER_TOKEN in proc.stderr
 
 
@@ -89,13 +157,14 @@ def test_compose_ports_and_env_match_what_solrl_serve_reads(name):
             assert "--appendonly" in svc["command"] and "yes" in svc["command"]
             continue
         env = svc["environment"]
-        solrl_env = {k for k in env if k.startswith("SOLRL_")}
-        assert solrl_env <= READ_ENV, (svc_name, solrl_env - READ_ENV)
+        check_env(f"{name}: {svc_name}", role, set(env))
         grpc_port, http_port = PORTS[role]
         assert (int(env[ENV_GRPC_PORT]), int(env[ENV_HTTP_PORT])) == (grpc_port, http_port), svc_name
-        assert env[ENV_REDIS_URL].startswith("redis://redis:6379")
-        assert env[ENV_REWARD_ADDR] == f"reward:{PORTS['reward'][0]}"
-        assert env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
+        if ENV_REDIS_URL in env:
+            assert env[ENV_REDIS_URL].startswith("redis://redis:6379")
+            assert env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
+        if ENV_REWARD_ADDR in env:
+            assert env[ENV_REWARD_ADDR] == f"reward:{PORTS['reward'][0]}"
         assert svc["build"]["dockerfile"] == f"services/{role}/Dockerfile"
     trainer = services["trainer"]["environment"]
     for key, role in ((trainer_server.ENV_EXPLORER_ADDRS, "explorer"),
@@ -133,7 +202,7 @@ def k8s_tree(tmp_path):
 
 def kustomize(tree: Path, overlay: str) -> list[dict]:
     out = subprocess.run([tool("kubectl"), "kustomize", str(tree / "overlays" / overlay)],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
@@ -142,7 +211,8 @@ def kustomize(tree: Path, overlay: str) -> list[dict]:
 def test_overlay_is_valid_kubernetes(k8s_tree, overlay):
     kustomize(k8s_tree, overlay)
     out = subprocess.run(f"{tool('kubectl')} kustomize {k8s_tree / 'overlays' / overlay} | "
-                         f"{tool('kubernetes-validate')} --strict --quiet -", shell=True, capture_output=True, text=True)
+                         f"{tool('kubernetes-validate')} --strict --quiet -", shell=True, capture_output=True, text=True,
+                         check=False)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -150,22 +220,40 @@ def containers(doc: dict) -> list[dict]:
     return doc["spec"]["template"]["spec"]["containers"]
 
 
+def container_env(c: dict, by_kind: dict) -> dict[str, str]:
+    """The environment a container starts with: envFrom ConfigMaps, then env (values, ConfigMap keys,
+    Secret keys as "<secret>"); every reference must resolve to an object of the rendered overlay."""
+    out: dict[str, str] = {}
+    for src in c.get("envFrom", []):
+        out.update(by_kind[("ConfigMap", src["configMapRef"]["name"])]["data"])
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {})
+        if "configMapKeyRef" in ref:
+            out[e["name"]] = by_kind[("ConfigMap", ref["configMapKeyRef"]["name"])]["data"][ref["configMapKeyRef"]["key"]]
+        elif "secretKeyRef" in ref:
+            assert ref["secretKeyRef"]["key"] in by_kind[("Secret", ref["secretKeyRef"]["name"])]["data"]
+            out[e["name"]] = "<secret>"
+        else:
+            out[e["name"]] = e["value"]
+    return out
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_k8s_ports_env_probes_and_security(k8s_tree, overlay):
     docs = kustomize(k8s_tree, overlay)
     by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
-    cm = by_kind[("ConfigMap", next(n for k, n in by_kind if k == "ConfigMap" and n.startswith("solrl-env")))]
-    assert {k for k in cm["data"] if k.startswith("SOLRL_")} <= READ_ENV
-    assert cm["data"][ENV_REDIS_URL].startswith("redis://redis:6379")
-    assert cm["data"][ENV_REWARD_ADDR] == f"reward:{PORTS['reward'][0]}"
     for role in ROLES:
         kind = "Job" if role == "trainer" else "Deployment"
         workload = by_kind[(kind, role)]
         (c,) = containers(workload)
-        env = {e["name"]: e for e in c.get("env", [])}
-        assert {k for k in env if k.startswith("SOLRL_")} <= READ_ENV
+        env = container_env(c, by_kind)
+        check_env(f"{overlay}: {kind} {role}", role, set(env))
         grpc_port, http_port = PORTS[role]
-        assert (int(env[ENV_GRPC_PORT]["value"]), int(env[ENV_HTTP_PORT]["value"])) == (grpc_port, http_port)
+        assert (int(env[ENV_GRPC_PORT]), int(env[ENV_HTTP_PORT])) == (grpc_port, http_port)
+        if ENV_REDIS_URL in env:
+            assert env[ENV_REDIS_URL].startswith("redis://redis:6379") and env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
+        if ENV_REWARD_ADDR in env:
+            assert env[ENV_REWARD_ADDR] == f"reward:{PORTS['reward'][0]}"
         assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": grpc_port, "http": http_port}
         assert c["readinessProbe"]["grpc"]["port"] == grpc_port
         if kind == "Deployment":
@@ -176,13 +264,11 @@ def test_k8s_ports_env_probes_and_security(k8s_tree, overlay):
         assert c["resources"]["requests"] and c["resources"]["limits"]
         if overlay == "b200":
             assert c["resources"]["limits"]["nvidia.com/gpu"] == 1 and c["image"].endswith(":gpu")
-        if role != "reward":
-            ref = env[ENV_ADAPTER_TOKEN]["valueFrom"]["secretKeyRef"]
-            secret = by_kind[("Secret", ref["name"])]
-            assert ref["key"] in secret["data"]
+        if ENV_ADAPTER_TOKEN in env:
+            assert env[ENV_ADAPTER_TOKEN] == "<secret>"  # from the Secret, never a literal
         svc = by_kind[("Service", role)]
         assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"grpc": grpc_port, "http": http_port}
-    trainer_env = {e["name"]: e.get("value") for e in containers(by_kind[("Job", "trainer")])[0]["env"]}
+    trainer_env = container_env(containers(by_kind[("Job", "trainer")])[0], by_kind)
     for key, role in ((trainer_server.ENV_EXPLORER_ADDRS, "explorer"),
                       (trainer_server.ENV_REGENERATOR_ADDRS, "regenerator")):
         (addr,) = trainer_server.parse_addrs(trainer_env[key], key)
@@ -232,16 +318,16 @@ def test_keda_scaledobject_targets_the_explore_stream():
 @pytest.mark.parametrize("role", sorted(ROLES))
 def test_dockerfile_targets_user_healthcheck_and_entry(role):
     text = (ROOT / "services" / role / "Dockerfile").read_text()
-    stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", text, re.M)
+    stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", text, re.MULTILINE)
     assert {"cpu", "gpu"} <= set(stages)
     for stage in ("cpu", "gpu"):
         body = text.split(f" AS {stage}\n", 1)[1].split("\nFROM ", 1)[0]
         assert "python -m solrl.protos_build" in body  # stubs generated in the build, never committed
-        user = re.search(r"^USER\s+(\S+)", body, re.M)
+        user = re.search(r"^USER\s+(\S+)", body, re.MULTILINE)
         assert user and user.group(1) not in ("root", "0")
-        assert f"'{PORTS[role][1]}'" in re.search(r"^HEALTHCHECK.*?\n(?:\s+CMD.*)", body, re.M | re.S).group(0)
+        assert f"'{PORTS[role][1]}'" in re.search(r"^HEALTHCHECK.*?\n(?:\s+CMD.*)", body, re.MULTILINE | re.DOTALL).group(0)
         assert f'ENTRYPOINT ["solrl", "serve", "{role}"]' in body
-        assert re.search(rf"^EXPOSE {PORTS[role][0]} {PORTS[role][1]}$", body, re.M)
+        assert re.search(rf"^EXPOSE {PORTS[role][0]} {PORTS[role][1]}$", body, re.MULTILINE)
     assert "torch==2.13.0" in text and "transformer-engine" in text.split("AS gpu-base", 1)[1].split("FROM", 1)[0]
 
 
@@ -252,3 +338,94 @@ def test_trainer_expands_headless_service_addresses():
         trainer_server.expand_addrs(["all+no-such-host.invalid:1"])
     with pytest.raises(ValueError, match="host:port"):
         trainer_server.parse_addrs("all+nohostport", "x")
+
+
+# ------------------------------------------------------------------ the entry commands, run
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dockerfile_stage(role: str, stage: str) -> str:
+    text = (ROOT / "services" / role / "Dockerfile").read_text()
+    return text.split(f" AS {stage}\n", 1)[1].split("\nFROM ", 1)[0]
+
+
+def dockerfile_json(body: str, instruction: str) -> list[str]:
+    """The exec-form (JSON array) argument of ENTRYPOINT or of HEALTHCHECK's CMD, line continuations joined."""
+    joined = body.replace("\\\n", " ")
+    line = re.search(rf"^{instruction}\b.*$", joined, re.MULTILINE).group(0)
+    return json.loads(line[line.index("["):])
+
+
+def grpc_serving(port: int) -> bool:
+    """grpc.health.v1 Check with the empty service name: what a k8s `grpc:` probe sends."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        try:
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.slow
+def test_cpu_compose_entry_commands_start_and_pass_their_probes(tmp_path):
+    """reward and explorer started as docker-compose.cpu.yml starts them: the Dockerfile's ENTRYPOINT
+    (`solrl serve <role>`), the compose `command` arguments and its environment names (addresses moved
+    to this machine's Redis and free ports). Each must answer the k8s gRPC probe and the Dockerfile's
+    HEALTHCHECK command, run verbatim; that command must fail against a port nobody serves."""
+    import redis
+
+    url = "redis://127.0.0.1:6379/0"
+    try:
+        redis.Redis.from_url(url).ping()
+    except redis.RedisError:
+        if REQUIRE:
+            pytest.fail("no Redis at 127.0.0.1:6379")
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    services = yaml.safe_load((ROOT / "docker-compose.cpu.yml").read_text())["services"]
+    namespace = f"solrl-test-deploy-{os.getpid()}"
+    ports = {role: (free_port(), free_port()) for role in ("reward", "explorer")}
+    here = {ENV_HOST: "127.0.0.1", ENV_REDIS_URL: url, ENV_QUEUE_NAMESPACE: namespace,
+            ENV_REWARD_ADDR: f"127.0.0.1:{ports['reward'][0]}", ENV_ADAPTER_TOKEN: "test-token"}
+    procs: list[subprocess.Popen] = []
+    try:
+        for role in ("reward", "explorer"):
+            svc = services[role]
+            env = {k: str(v) for k, v in svc["environment"].items()}
+            env.update({k: v for k, v in here.items() if k in env})
+            env[ENV_GRPC_PORT], env[ENV_HTTP_PORT] = map(str, ports[role])
+            assert not [k for k, v in env.items() if "${" in v], env  # every interpolated value replaced
+            entry = dockerfile_json(dockerfile_stage(role, "cpu"), "ENTRYPOINT")
+            assert entry[:2] == ["solrl", "serve"]
+            argv = [tool("solrl"), *entry[1:], *svc.get("command", [])]
+            with open(tmp_path / f"{role}.log", "w") as log:  # the child keeps its own copy of the fd
+                procs.append(subprocess.Popen(argv, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                                              env={**os.environ, **env, "OMP_NUM_THREADS": "1"}))
+            deadline = time.monotonic() + 90
+            while not grpc_serving(ports[role][0]):
+                assert procs[-1].poll() is None, (tmp_path / f"{role}.log").read_text()
+                assert time.monotonic() < deadline, f"{role} not SERVING after 90 s"
+                time.sleep(0.5)
+            check = dockerfile_json(dockerfile_stage(role, "cpu"), "HEALTHCHECK")
+            assert check[0] == "python" and "CMD [" in dockerfile_stage(role, "cpu")
+            for port, ok in ((ports[role][1], True), (free_port(), False)):
+                proc = subprocess.run([sys.executable, *check[1:]], capture_output=True, text=True, timeout=30, check=False,
+                                      env={**os.environ, ENV_HTTP_PORT: str(port)})
+                assert (proc.returncode == 0) == ok, (role, port, proc.stderr)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        client = redis.Redis.from_url(url)
+        for key in client.scan_iter(f"{namespace}:*"):
+            client.delete(key)
