@@ -13,6 +13,7 @@ pipeline's contract; the service workers (services.common.workers) import them.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ from scipy import stats
 
 from solrl.adapters import encode_adapter
 from solrl.adapters.wire import sha256_hex
-from solrl.checkpoint import save_checkpoint
+from solrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from solrl.config import RunConfig
 from solrl.loop import Session, _save_eval, epoch_rng
 from solrl.models.shapes_pretrain import PromptSampler
@@ -209,24 +210,48 @@ def _tensor(msg: Any) -> torch.Tensor:
 
 def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: PushAdapter, *, run_id: str = "run",
                     rollout_timeout_s: float = 600.0, log: Callable[[str], None] = print,
-                    on_session: Callable[[RemoteSession], None] = lambda s: None) -> dict[str, Any]:
+                    on_session: Callable[[RemoteSession], None] = lambda s: None,
+                    resume: bool = False) -> dict[str, Any]:
     """Train `cfg` for cfg.epochs with rollouts from the queue; writes config.json, metrics.jsonl,
-    eval/ and checkpoints/ to `run_dir` as the embedded `solrl.loop.train` does (no resume yet).
-    `on_session` receives the RemoteSession once built (the trainer service reads its status)."""
+    eval/ and checkpoints/ to `run_dir` as the embedded `solrl.loop.train` does.
+    `on_session` receives the RemoteSession once built (the trainer service reads its status).
+
+    resume: continue from run_dir's latest checkpoint, as `solrl train --resume` does; the epochs
+    after it follow the uninterrupted run (same draws, same rollouts, same update). The resumed
+    attempt's jobs get fresh ids (`<run_id>-r<tag>-e...`): jobs and rollouts the dead attempt left
+    in the queue are then ignored (a job id the workers already processed would be skipped, and
+    rollouts the dead trainer acked are gone), and the epoch it was in is recomputed whole. The
+    adapter it re-pushes is the one the rollout services already hold (accepted as a no-op), as long
+    as checkpoint_every is 1; otherwise restart the rollout services too."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    remote = RemoteSession(Session.build(cfg, local_explorer=False), queue, push_adapter, run_id=run_id, rollout_timeout_s=rollout_timeout_s)
+    start, attempt_id = 0, run_id
+    sess = Session.build(cfg, local_explorer=False)
+    if resume:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise FileNotFoundError(f"resume: no checkpoint in {run_dir / 'checkpoints'}")
+        state = load_checkpoint(ckpt, sess.adapters, sess.trainer.opt)
+        start, sess.trainer.global_step, sess.version = state["epoch"], state["global_step"], state["adapter_version"]
+        attempt_id = f"{run_id}-r{uuid.uuid4().hex[:8]}"
+        log(f"resuming {run_dir} after epoch {start} (adapter version {sess.version}); jobs {attempt_id}-*")
+    remote = RemoteSession(sess, queue, push_adapter, run_id=attempt_id, rollout_timeout_s=rollout_timeout_s)
+    remote.status.run_id = run_id
+    remote.status.epoch, remote.status.optimizer_step, remote.status.adapter_version = \
+        start, sess.trainer.global_step, sess.version
     on_session(remote)
-    sess, st = remote.sess, remote.status
+    st = remote.status
+    base_eval: dict[str, Any] | None = None
     try:
         cfg.save(run_dir / "config.json")
-        writer = MetricsWriter(run_dir, cfg.tensorboard)
+        writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else None)
         (run_dir / "eval").mkdir(exist_ok=True)
-        st.state = "evaluating"
-        base_eval, grids = sess.evaluate()
-        _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
-        writer.write({"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0})
-        for e in range(cfg.epochs):
+        if start == 0:
+            st.state = "evaluating"
+            base_eval, grids = sess.evaluate()
+            _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
+            writer.write({"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0})
+        for e in range(start, cfg.epochs):
             st.state = "running"
             rec = remote.epoch(e)
             done = e + 1
@@ -248,8 +273,8 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
         st.state, st.error = "failed", f"{type(exc).__name__}: {exc}"
         raise
     st.state = "finished"
-    return {"run_id": run_id, "epochs": cfg.epochs, "adapter_version": sess.version,
-            "eval_before": base_eval["mean_reward"], "eval_after": st.history[-1].get("eval.mean_reward")
+    return {"run_id": run_id, "epochs": cfg.epochs, "adapter_version": sess.version, "resumed_after": start,
+            "eval_before": base_eval["mean_reward"] if base_eval else None, "eval_after": st.history[-1].get("eval.mean_reward")
             if st.history else None}
 
 

@@ -345,7 +345,10 @@ def test_rejected_pushes_keep_the_old_version(world, served):
     rejected(served.push(v2, 2, sha="0" * 64), 400, "sha256 mismatch")
     rejected(served.push(v2, 3), 400, "metadata version 2")
     rejected(served.push(v2, "two"), 400, "X-Adapter-Version header must be an integer")
-    rejected(served.push(good, 1), 409, "not newer than the served version 1")
+    same = served.push(good, 1)  # the served adapter again (a resumed trainer's re-push): a no-op
+    assert same.status_code == 200 and same.json()["swap_ms"] == 0 and same.json()["previous_version"] == 1
+    other_v1 = encode_adapter(world.adapters.state_dict("default"), 1, world.lora)  # other bytes, same version
+    rejected(served.push(other_v1, 1), 409, "not newer than the served version 1")
     rejected(served.push(good, 0), 400, "version must be an integer >= 1")
     rejected(served.push(b"x" * (MAX_ADAPTER_BYTES + 1), 2), 413, "over the limit")
     chunked = served.http.put("/v1/adapter", content=iter([b"x" * 4096] * 9),
@@ -365,7 +368,7 @@ def test_rejected_pushes_keep_the_old_version(world, served):
         safetensors=v2, version=2, sha256=sha256_hex(v2)), metadata=metadata)
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED
     err = rpc_error(served.stub.LoadAdapter, explorer_pb2.LoadAdapterRequest(
-        safetensors=good, version=1, sha256=sha256_hex(good)), metadata=[("authorization", f"Bearer {TOKEN}")])
+        safetensors=other_v1, version=1, sha256=sha256_hex(other_v1)), metadata=[("authorization", f"Bearer {TOKEN}")])
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "not newer" in err.details()
 
     assert_matches(served.explore(), world, 1)  # still serving version 1, exactly

@@ -8,7 +8,8 @@ HotSwapModel     the serving copy of one denoiser: a plain base model, a precisi
                  old copy is freed when its last call ends. A rejected push changes nothing.
 AdapterEndpoint  the front door shared by `PUT /v1/adapter` on the ops app and the LoadAdapter RPCs:
                  bearer token (env SOLRL_ADAPTER_TOKEN, hmac.compare_digest), size limit, sha256,
-                 version order. REJECTIONS is the one table of refusal -> HTTP status / gRPC code.
+                 version order (a re-push of the served version with the same sha256 is
+                 accepted as a no-op). REJECTIONS is the one table of refusal -> HTTP status / gRPC code.
 """
 
 from __future__ import annotations
@@ -168,6 +169,11 @@ class HotSwapModel:
             raise AdapterRejected("invalid", f"sha256 mismatch: given {sha256.strip()!r}, the bytes hash to {actual}")
         with self._load_lock:
             previous = self.current()
+            if version == previous.version and hmac.compare_digest(previous.sha256.encode(), actual.encode()):
+                # the very adapter being served, pushed again (a trainer resumed from its checkpoint
+                # re-pushes the version it pushed before it died): nothing to do
+                log.info("adapter version %d (sha256 %s) is already served", version, actual[:12])
+                return LoadResult(version, actual, 0.0, previous.version)
             if version <= previous.version:
                 raise AdapterRejected("stale", f"version {version} is not newer than the served version "
                                                f"{previous.version}")
@@ -281,7 +287,8 @@ class AdapterEndpoint:
         def adapter_status() -> dict[str, Any]:
             return self.status()
 
-        @app.put("/v1/adapter")
+        @app.put("/v1/adapter", openapi_extra=_PUT_ADAPTER_OPENAPI,
+                 responses={REJECTIONS[r][0]: {"description": r} for r in REJECTIONS})
         async def put_adapter(request: Request) -> dict[str, Any]:
             authorization = request.headers.get("authorization")
             try:
@@ -308,6 +315,21 @@ class AdapterEndpoint:
             if len(body) > self.max_bytes:
                 raise AdapterRejected("too_large", f"body is over the limit of {self.max_bytes} bytes")
         return bytes(body)
+
+
+# The PUT route reads its headers and raw body itself (to refuse before reading the body); this
+# describes them in the ops app's OpenAPI document, which clients and the fuzz tests read.
+_PUT_ADAPTER_OPENAPI: dict[str, Any] = {
+    "parameters": [
+        {"name": "Authorization", "in": "header", "required": True, "schema": {"type": "string"},
+         "description": f"Bearer <token> ({ENV_ADAPTER_TOKEN})"},
+        {"name": VERSION_HEADER, "in": "header", "required": True, "schema": {"type": "integer", "minimum": 1}},
+        {"name": SHA256_HEADER, "in": "header", "required": True,
+         "schema": {"type": "string", "pattern": "^[0-9a-f]{64}$"}},
+    ],
+    "requestBody": {"required": True, "description": "the adapter as safetensors bytes (never pickle)",
+                    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+}
 
 
 def _header_int(value: str | None, name: str) -> int:

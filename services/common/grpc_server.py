@@ -20,16 +20,43 @@ log = logging.getLogger(__name__)
 
 # INT32_MAX, as Triton: the server calls builder.SetMaxMessageSize(MAX_GRPC_MESSAGE_SIZE) with
 # MAX_GRPC_MESSAGE_SIZE = INT32_MAX (triton-inference-server/core constants.h), and tritonclient.grpc
-# sets grpc.max_send/receive_message_length to the same value. Tensor size is limited by the
-# services' own per-tensor byte limit instead, with a clear error.
+# sets grpc.max_send/receive_message_length to the same value. Clients and the sending side use it.
 MAX_GRPC_MESSAGE_SIZE = 2**31 - 1
+# What a server accepts in one request: one tensor at the services' per-tensor limit (1 GiB,
+# services.common.tensors) plus room for the rest of the message. A bigger request is refused by
+# gRPC itself with RESOURCE_EXHAUSTED before the handler sees it (and before it is buffered whole).
+DEFAULT_MAX_RECEIVE_BYTES = (1 << 30) + (1 << 20)
+
+
+@dataclass(frozen=True)
+class _Undecodable:
+    """Stands for a request whose bytes did not parse as the method's message type."""
+
+    error: str
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """`deserializer` that returns _Undecodable instead of raising: grpc itself would answer a
+    request it cannot parse with INTERNAL ("Exception deserializing request!"), a server fault,
+    where the fault is the client's."""
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as exc:  # noqa: BLE001 - any parse failure is the client's bytes
+            return _Undecodable(f"{type(exc).__name__}: {exc}")
+
+    return parse
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Maps exceptions from unary handlers to status codes (services.common.errors) and counts RPCs.
 
-    A handler that set a status itself (context.abort / set_code) keeps it. Streaming handlers (the
-    health Watch, reflection) come from the grpc libraries and pass through unwrapped.
+    A handler that set a status itself (context.abort / set_code) keeps it. A request whose bytes
+    are not the method's message is INVALID_ARGUMENT. Streaming handlers (the health Watch,
+    reflection) come from the grpc libraries and pass through unwrapped.
     """
 
     def __init__(self, metrics: ServiceMetrics | None = None) -> None:
@@ -44,6 +71,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
             t0, code = time.perf_counter(), grpc.StatusCode.OK
             try:
+                if isinstance(request, _Undecodable):
+                    raise TypeError(f"the request is not a valid message for {method}: {request.error}")
                 response = behavior(request, context)
                 code = context.code() or grpc.StatusCode.OK
                 return response
@@ -61,7 +90,7 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                 if self.metrics is not None:
                     self.metrics.observe_rpc(method, code.name, time.perf_counter() - t0)
 
-        return grpc.unary_unary_rpc_method_handler(wrapped, request_deserializer=handler.request_deserializer,
+        return grpc.unary_unary_rpc_method_handler(wrapped, request_deserializer=_tolerant(handler.request_deserializer),
                                                    response_serializer=handler.response_serializer)
 
 
@@ -111,11 +140,12 @@ class GrpcServer:
 
 def build_grpc_server(services: Sequence[GrpcService], *, host: str = "127.0.0.1", port: int = 0,
                       max_workers: int = 16, metrics: ServiceMetrics | None = None,
-                      reflect: bool = True) -> GrpcServer:
+                      reflect: bool = True, max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES) -> GrpcServer:
     """A gRPC server with the services, grpc.health.v1 (and reflection), bound to host:port (0 = free port).
 
     max_workers bounds the RPCs handled at once; batching services need it above the number of
-    requests they should be able to batch together.
+    requests they should be able to batch together. max_receive_bytes bounds one request message
+    (RESOURCE_EXHAUSTED above it).
     """
     if not services:
         raise ValueError("services must name at least one service")
@@ -123,11 +153,14 @@ def build_grpc_server(services: Sequence[GrpcService], *, host: str = "127.0.0.1
         raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
     if not isinstance(max_workers, int) or max_workers < 1:
         raise ValueError(f"max_workers must be a positive int, got {max_workers!r}")
+    if isinstance(max_receive_bytes, bool) or not isinstance(max_receive_bytes, int) \
+            or not 1 <= max_receive_bytes <= MAX_GRPC_MESSAGE_SIZE:
+        raise ValueError(f"max_receive_bytes must be an int in [1, {MAX_GRPC_MESSAGE_SIZE}], got {max_receive_bytes!r}")
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         interceptors=[ErrorInterceptor(metrics)],
         options=[("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
-                 ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+                 ("grpc.max_receive_message_length", max_receive_bytes),
                  # one server per port (Triton's default too): a second bind fails instead of sharing
                  ("grpc.so_reuseport", 0)])
     for s in services:

@@ -27,6 +27,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 import solrl
 from services.common.env import Addresses
 from services.common.grpc_server import (
+    DEFAULT_MAX_RECEIVE_BYTES,
     GrpcServer,
     GrpcService,
     build_grpc_server,
@@ -138,8 +139,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 def build_server(plane: RewardDataPlane, *, host: str = "127.0.0.1", port: int = 0, max_workers: int = 16,
-                 metrics: ServiceMetrics | None = None,
-                 max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> GrpcServer:
+                 metrics: ServiceMetrics | None = None, max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
+                 max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES) -> GrpcServer:
     """The reward gRPC server (not started): Reward + GRPCInferenceService + health + reflection."""
     return build_grpc_server(
         [GrpcService(service_name(reward_pb2, "Reward"), reward_pb2_grpc.add_RewardServicer_to_server,
@@ -147,7 +148,7 @@ def build_server(plane: RewardDataPlane, *, host: str = "127.0.0.1", port: int =
          GrpcService(service_name(service_pb2, "GRPCInferenceService"),
                      service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
                      InferenceServicer(plane, max_tensor_bytes))],
-        host=host, port=port, max_workers=max_workers, metrics=metrics)
+        host=host, port=port, max_workers=max_workers, metrics=metrics, max_receive_bytes=max_receive_bytes)
 
 
 RewardService = RunningService  # a running reward service: data plane, gRPC and ops HTTP servers

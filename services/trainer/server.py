@@ -5,6 +5,7 @@
   HTTP: /healthz /readyz /metrics /v1/info
 
 Run: `python -m services.trainer.server [--preset shapes-sol-rl] [--set key=value ...] [--out runs/x]`
+(or `--resume runs/x` to continue a run from its last checkpoint)
 The environment gives the defaults: SOLRL_REDIS_URL (the queue), SOLRL_QUEUE_NAMESPACE,
 SOLRL_EXPLORER_ADDRS and SOLRL_REGENERATOR_ADDRS (comma-separated gRPC host:port that adapters are
 pushed to with LoadAdapter), SOLRL_BIND_HOST / SOLRL_GRPC_PORT / SOLRL_HTTP_PORT; the adapter token
@@ -43,7 +44,7 @@ from services.common.workers import (
     ENV_QUEUE_NAMESPACE,
     ENV_REDIS_URL,
 )
-from solrl.config import resolve
+from solrl.config import RunConfig, apply_overrides, resolve
 from solrl.distributed import RemoteSession, run_distributed
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
@@ -167,6 +168,8 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
     p.add_argument("--config", default=None, help="a config JSON instead of a preset")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. rollout.pool=48")
     p.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its last checkpoint (its config.json, plus --set)")
     p.add_argument("--run-id", default="", help="names the run's queue jobs (default: the run directory's name)")
     p.add_argument("--redis-url", default=environ.get(ENV_REDIS_URL, ""), help=f"the work queue (env {ENV_REDIS_URL})")
     p.add_argument("--namespace", default=environ.get(ENV_QUEUE_NAMESPACE, "") or DEFAULT_NAMESPACE,
@@ -182,14 +185,30 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
     p.add_argument("--http-port", type=int, default=addr.http_port, help="ops HTTP port, 0 = any (env SOLRL_HTTP_PORT)")
 
 
+def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path]:
+    """The run's config and directory: a new run from --preset / --config / --set (--out), or, with
+    --resume RUN_DIR, the config saved in RUN_DIR plus --set (as `solrl train --resume`)."""
+    overrides = list(args.set or [])
+    if args.resume:
+        run_dir = Path(args.resume)
+        if args.out and Path(args.out) != run_dir:
+            raise ValueError(f"--out {args.out} and --resume {args.resume} name different run directories")
+        if args.preset or args.config:
+            raise ValueError("--resume takes the config saved in the run directory; drop --preset / --config")
+        if not (run_dir / "config.json").exists():
+            raise ValueError(f"--resume {run_dir}: no config.json there (not a run directory)")
+        return apply_overrides(RunConfig.load(run_dir / "config.json"), overrides).validate(), run_dir
+    cfg = resolve(args.preset, args.config, overrides)
+    return cfg, Path(args.out) if args.out else Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 def run(args: argparse.Namespace, stop: threading.Event | None = None,
         environ: Mapping[str, str] | None = None) -> int:
     """Serve Status while the driver runs: 0 when the run finishes (or on SIGTERM / SIGINT), 1 if it fails."""
     environ = os.environ if environ is None else environ
     if not args.redis_url:
         raise ValueError(f"--redis-url (or {ENV_REDIS_URL}) is required")
-    cfg = resolve(args.preset, args.config, list(args.set or []))
-    run_dir = Path(args.out) if args.out else Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    cfg, run_dir = run_config(args)
     run_id = args.run_id or run_dir.name.replace(":", "-")
     pusher = AdapterPusher(parse_addrs(args.explorer_addrs, "--explorer-addrs"),
                            parse_addrs(args.regenerator_addrs, "--regenerator-addrs"),
@@ -216,7 +235,8 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
         try:
             run_distributed(cfg, run_dir, queue, pusher, run_id=run_id, rollout_timeout_s=args.rollout_timeout_s,
                             log=lambda s: print(f"solrl trainer: {s}", flush=True),
-                            on_session=lambda remote: setattr(servicer, "remote", remote))
+                            on_session=lambda remote: setattr(servicer, "remote", remote),
+                            resume=bool(args.resume))
         except Exception:
             servicer.failed = True
             log.exception("the run failed")

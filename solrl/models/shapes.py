@@ -88,8 +88,8 @@ class ShapesModel(T2IModel):
                 f"shapes model weights not found in {path}: missing {missing}. "
                 "Train them with `solrl shapes pretrain --out DIR` or point --set model.path=DIR at them."
             )
-        tr = PixArtTransformer2DModel.from_pretrained(path / "transformer", local_files_only=True)
-        te = CLIPTextModel.from_pretrained(path / "text_encoder", local_files_only=True)
+        tr = PixArtTransformer2DModel.from_pretrained(path / "transformer", local_files_only=True, use_safetensors=True)
+        te = CLIPTextModel.from_pretrained(path / "text_encoder", local_files_only=True, use_safetensors=True)
         tr.eval().requires_grad_(False)
         te.eval().requires_grad_(False)
         return cls(tr, te)
