@@ -110,6 +110,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
         torch.set_num_threads(a.threads)
     kw = {k: v for k, v in (("prompts", a.prompts), ("seeds", a.seeds), ("epochs", a.epochs)) if v}
+    if a.seed is not None:
+        kw["seed"] = a.seed
     if a.precisions:
         kw["precisions"] = tuple(a.precisions.split(","))
     if a.steps:
@@ -244,9 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", required=True)
     b.add_argument("--small", action="store_true", help="tiny settings (seconds; what the tests run)")
     b.add_argument("--threads", type=int, default=0)
-    b.add_argument("--prompts", type=int, default=None, help="ranking: held-out prompts; rollout: prompts per epoch")
+    b.add_argument("--seed", type=int, default=None, help="seed of the sampled seeds / training runs (default 0)")
+    b.add_argument("--prompts", type=int, default=None, help="ranking: held-out prompts; rollout / ablate: prompts per epoch")
     b.add_argument("--seeds", type=int, default=None, help="ranking: seeds per prompt")
-    b.add_argument("--epochs", type=int, default=None, help="rollout / serve: epochs per mode")
+    b.add_argument("--epochs", type=int, default=None, help="rollout / curve / ablate / serve: epochs per mode or setting")
     b.add_argument("--precisions", default=None,
                    help="ranking: comma-separated proxy precisions; NAME@2/6 limits one to those explore steps")
     b.add_argument("--steps", type=_steps, default=None, help="ranking: comma-separated explore steps")

@@ -19,8 +19,9 @@ PRESETS = {"sol_rl": "shapes-sol-rl", "diffusion_nft": "shapes-diffusion-nft",
 
 
 def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0) -> dict[str, Any]:
-    n_epochs = epochs or (2 if small else 12)
-    every = 1 if small else 3
+    # full default sized for ~10 min on 2 CPU cores (the four modes together); pass --epochs for more
+    n_epochs = epochs or (2 if small else 6)
+    every = 1 if small else 2
     sets = [f"epochs={n_epochs}", f"eval.every={every}", f"seed={seed}", "tensorboard=false"]
     if small:
         sets += ["rollout.prompts_per_epoch=2", "rollout.pool=6", "rollout.kept=4", "eval.prompts=4",

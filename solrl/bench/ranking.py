@@ -1,8 +1,9 @@
 """Ranking fidelity of the explorer: does a low-precision, few-step proxy rank seeds as BF16 does?
 
 For P held-out prompts x N seeds, the reference is the exact `shapes` reward of BF16 samples at the
-full rollout steps; each candidate (precision x explore steps) samples the SAME seeds (seed -> noise is
-batch-independent) and is scored the same way. Per prompt: Kendall tau-b and Spearman (scipy; prompts
+full rollout steps (the loop's `regenerate` call on every seed); each candidate (precision x explore
+steps) samples the SAME seeds (seed -> noise) through the loop's `explore` call, so forward batching
+and the low-precision copy are the explorer's own, and is scored the same way. Per prompt: Kendall tau-b and Spearman (scipy; prompts
 where either side is constant have no correlation and are left out of those means, and counted),
 and for k in (4, 8, 12):
   top_k_match               share of the candidate's top-k whose reference reward reaches the
@@ -29,8 +30,8 @@ from solrl.bench.common import write_results
 from solrl.config import get_preset
 from solrl.evaluate import eval_prompts
 from solrl.loop import Session
-from solrl.precision import PrecisionConfig
-from solrl.rollout import generate
+from solrl.precision import PrecisionConfig, available_backends
+from solrl.rollout import explore, regenerate
 from solrl.rollout.workers import InferenceCopy
 
 KS = (4, 8, 12)
@@ -80,12 +81,14 @@ def aggregate(cand: np.ndarray, ref: np.ndarray, ks: tuple[int, ...] = KS) -> di
 
 
 def run(out: Path, small: bool = False, prompts: int | None = None, seeds: int | None = None,
-        precisions: tuple[str, ...] = ("nvfp4-emu", "mxfp4-emu", "bf16"), steps: tuple[int, ...] = (2, 4, 6, 8),
-        seed: int = 0, micro_batch: int = 256) -> dict[str, Any]:
-    n_prompts = prompts or (4 if small else 32)
+        precisions: tuple[str, ...] | None = None, steps: tuple[int, ...] | None = None,
+        seed: int = 0, micro_batch: int | None = None) -> dict[str, Any]:
+    n_prompts = prompts or (3 if small else 32)
     n_seeds = seeds or (16 if small else 96)
-    if small:
-        precisions, steps = precisions[:2], steps[:2]
+    precisions = precisions or (("nvfp4-emu", "mxfp4-emu@2") if small else ("nvfp4-emu", "mxfp4-emu", "bf16"))
+    steps = steps or ((2, 4) if small else (2, 4, 6, 8))
+    if n_prompts < 1 or n_seeds < 8:
+        raise ValueError(f"prompts must be >= 1 and seeds >= 8 (top-4 needs 8), got {n_prompts}, {n_seeds}")
     plan = []  # (precision, its explore steps): "mxfp4-emu@4/6" limits one precision to those steps
     for entry in precisions:
         name, _, only = entry.partition("@")
@@ -93,24 +96,30 @@ def run(out: Path, small: bool = False, prompts: int | None = None, seeds: int |
             own = tuple(int(x) for x in only.split("/")) if only else tuple(steps)
         except ValueError:
             raise ValueError(f"precisions: {entry!r} is not NAME or NAME@S1/S2") from None
+        if name not in available_backends():
+            raise ValueError(f"precisions: unknown backend {name!r}; available: {available_backends()}")
+        if not own or min(own) < 1:
+            raise ValueError(f"steps: explore steps must be positive integers, got {own} for {name}")
         plan.append((name, own))
     ks = tuple(k for k in KS if k <= n_seeds // 2)
     cfg = get_preset("shapes-sol-rl")
     sess = Session.build(cfg, local_explorer=False)
     model, full_steps = sess.model, cfg.rollout.steps
+    mb = micro_batch or cfg.rollout.micro_batch
     caps = eval_prompts(n_prompts)
     rng = np.random.default_rng(seed)
-    seed_grid = rng.integers(0, 2**31 - 1, size=(len(caps), n_seeds))
-    flat_p = [c for c in caps for _ in range(n_seeds)]
-    flat_s = seed_grid.reshape(-1).tolist()
+    seed_grid = rng.integers(0, 2**31 - 1, size=(len(caps), n_seeds)).tolist()
 
     def scores(transformer: torch.nn.Module, n_steps: int) -> tuple[np.ndarray, int]:
-        gen = generate(model, transformer, flat_p, flat_s, n_steps, sess.sampler, micro_batch, sess.cache)
-        return np.asarray(sess.scorer(gen.images, flat_p), dtype=np.float32).reshape(len(caps), n_seeds), gen.forwards
+        ex = explore(model, transformer, caps, seed_grid, n_steps, sess.sampler, sess.scorer, ks[0],
+                     micro_batch=mb, cache=sess.cache)  # (its seed selection is not used here)
+        return ex.scores, ex.forwards
 
     t0 = time.perf_counter()
     with sess.adapters.use("old"):  # zero LoRA: the base model at the trainer's (regenerator's) precision
-        ref, ref_fwd = scores(sess.model.transformer, full_steps)
+        rg = regenerate(model, model.transformer, caps, seed_grid, full_steps, sess.sampler, sess.scorer, mb,
+                        sess.cache)
+    ref, ref_fwd = rg.rewards.reshape(len(caps), n_seeds), rg.forwards
     ref_time = time.perf_counter() - t0
     rows: list[dict[str, Any]] = []
     spec = model.spec
@@ -129,7 +138,7 @@ def run(out: Path, small: bool = False, prompts: int | None = None, seeds: int |
                                                                         "reward_mean": float(ref.mean()),
                                                                         "sample_s": round(ref_time, 2),
                                                                         "forwards": ref_fwd},
-        "reward": cfg.reward, "ks": list(ks), "rows": rows,
+        "reward": cfg.reward, "ks": list(ks), "micro_batch": mb, "rows": rows,
         "definitions": DEFINITIONS,
     }
     return write_results(out, "ranking", result, markdown(result))

@@ -15,9 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torchao.prototype.mx_formats.config import ScaleCalculationMode
-from torchao.prototype.mx_formats.mx_tensor import MXTensor
 from torchao.prototype.mx_formats.constants import F4_E2M1_MAX, F8E4M3_MAX
-from torchao.prototype.mx_formats.nvfp4_tensor import E4M3_EPS, NVFP4Tensor, per_tensor_amax_to_scale
+from torchao.prototype.mx_formats.mx_tensor import MXTensor
+from torchao.prototype.mx_formats.nvfp4_tensor import (
+    E4M3_EPS,
+    NVFP4Tensor,
+    per_tensor_amax_to_scale,
+)
 
 from solrl.precision.base import (
     QuantLinear,
@@ -162,6 +166,11 @@ class NVFP4EmuLinear(EmuQuantLinear):
     The per-tensor scale is amax / (448 * 6) (torchao's `per_tensor_amax_to_scale`), so the
     largest block scale lands on E4M3's maximum; activations get theirs from their own
     amax on every call (dynamic, whole-tensor, as the real recipe does).
+
+    Kept whole-tensor on purpose (not per sample): Transformer Engine's NVFP4 recipe takes one
+    amax over the GEMM's whole input, so a row's quantization depends on the other rows of its
+    batch, and emulating that is the point. Rollouts get batch-independent proxy scores by
+    batching one prompt's seeds at a time instead (`solrl.rollout.generate_by_prompt`).
     """
 
     block_size = 16

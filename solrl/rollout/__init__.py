@@ -4,6 +4,15 @@
 which seeds to keep; `regenerate` re-samples the kept seeds at full steps and returns the final
 latents and rewards that training uses. Forward counts are image-level denoiser evaluations
 (batch rows x solver calls, x2 with classifier-free guidance).
+
+Batching: `explore` and `regenerate` sample each prompt's seeds in forward batches of their own
+(micro-batched within the prompt, never mixed with another prompt's), as the reference rollout
+does (NVlabs/Sana `train_scripts/sol_rl/train_sana.py`, one prompt per rollout call). A
+low-precision explorer quantizes activations with one amax per whole tensor (the real NVFP4 recipe
+does; see `solrl.precision.emulated`), so a seed's proxy score depends on what shares its batch;
+with per-prompt batches it does not depend on how prompts are spread over calls, explorers or
+jobs: the embedded loop (all prompts in one call) and the services (one prompt per job) sample
+identical batches and give identical scores.
 """
 
 from __future__ import annotations
@@ -76,6 +85,22 @@ def generate(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds:
     return Generated(x0, model.decode(x0), forwards)
 
 
+def generate_by_prompt(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds: list[list[int]],
+                       steps: int, sampler: SamplerSpec, micro_batch: int = 64,
+                       cache: PromptCache | None = None) -> Generated:
+    """`generate` for each prompt's seed list on its own (forward batches never mix prompts), flattened
+    prompt-major. The results do not depend on which other prompts are in the call."""
+    if len(prompts) != len(seeds):
+        raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seed lists")
+    cache = cache or PromptCache(model)
+    parts = [generate(model, transformer, [p] * len(pool), list(pool), steps, sampler, micro_batch, cache)
+             for p, pool in zip(prompts, seeds) if len(pool)]
+    if not parts:
+        return generate(model, transformer, [], [], steps, sampler, micro_batch, cache)
+    return Generated(torch.cat([g.x0 for g in parts]), np.concatenate([g.images for g in parts]),
+                     sum(g.forwards for g in parts))
+
+
 @dataclass
 class ExploreResult:
     seeds: list[list[int]]          # [P][n]
@@ -96,8 +121,7 @@ def explore(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds: 
     if len(prompts) != len(seeds):
         raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seed pools")
     flat_p = [p for p, pool in zip(prompts, seeds) for _ in pool]
-    flat_s = [s for pool in seeds for s in pool]
-    gen = generate(model, transformer, flat_p, flat_s, steps, sampler, micro_batch, cache)
+    gen = generate_by_prompt(model, transformer, prompts, seeds, steps, sampler, micro_batch, cache)
     flat_r = np.asarray(scorer(gen.images, flat_p), dtype=np.float32)
     scores, kept, off = [], [], 0
     for pool in seeds:
@@ -127,6 +151,6 @@ def regenerate(model: T2IModel, transformer: nn.Module, prompts: list[str], seed
     flat_p = [p for p, ks in zip(prompts, seeds) for _ in ks]
     flat_s = [s for ks in seeds for s in ks]
     group = [i for i, ks in enumerate(seeds) for _ in ks]
-    gen = generate(model, transformer, flat_p, flat_s, steps, sampler, micro_batch, cache)
+    gen = generate_by_prompt(model, transformer, prompts, seeds, steps, sampler, micro_batch, cache)
     rewards = np.asarray(scorer(gen.images, flat_p), dtype=np.float32)
     return RegenResult(flat_p, flat_s, group, gen.x0, gen.images, rewards, gen.forwards)
