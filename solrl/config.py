@@ -288,11 +288,46 @@ def shapes_naive_quant() -> RunConfig:
     return _shapes_base("shapes-naive-quant", "naive_quant")
 
 
+def _real_base(family: str, model: str, mode: str, *, micro_batch: int, timestep_fraction: float,
+               max_grad_norm: float, eval_steps: int) -> RunConfig:
+    """METHOD.md's reference hyperparameters for the real models (8 GPUs, 48 prompts x 96 -> 24 per epoch,
+    one optimizer step per epoch, LoRA r32 a64 gaussian, AdamW 3e-4, HPSv2). The explorer runs NVFP4 through
+    Transformer Engine (Blackwell); on other machines use `--set rollout.explore_precision.backend=nvfp4-emu`
+    (or `fp8` on Hopper). The model's own solver, shift, LoRA targets and skip list come from its spec."""
+    cfg = RunConfig(name=f"{family}-{mode.replace('_', '-')}", seed=42, epochs=300, reward="hpsv2")
+    cfg.model = ModelConfig(name=model)
+    cfg.lora = LoraConfig(rank=32, alpha=64.0, init="gaussian")
+    cfg.rollout = RolloutConfig(
+        mode=mode, prompts_per_epoch=48, pool=24 if mode == "diffusion_nft" else 96, kept=24, explore_steps=6,
+        steps=10, selection="best_worst", micro_batch=24,
+        explore_precision=PrecisionConfig(backend="nvfp4"), precision=PrecisionConfig(backend="bf16"))
+    cfg.train = TrainConfig(lr=3e-4, betas=(0.9, 0.999), weight_decay=1e-4, eps=1e-8, max_grad_norm=max_grad_norm,
+                            micro_batch=micro_batch, optimizer_steps_per_epoch=1,
+                            timestep_fraction=timestep_fraction, beta=1.0, kl_beta=1e-4)
+    cfg.eval = EvalConfig(every=10, steps=(eval_steps,), prompts=48, seeds_per_prompt=1)
+    return cfg
+
+
+_REAL = {
+    # family: (registry model, micro-batch, timestep fraction, max grad norm, eval steps) -- METHOD.md table
+    "sana": ("sana1.5-1.6b", 16, 0.6, 1.0, 40),
+    "flux1": ("flux1-dev", 12, 0.4, 1.0, 28),
+    "sd35l": ("sd3.5-large", 4, 0.6, 0.002, 40),
+}
+
+
+def _real_preset(family: str, mode: str) -> Callable[[], RunConfig]:
+    model, mb, frac, gn, ev = _REAL[family]
+    return lambda: _real_base(family, model, mode, micro_batch=mb, timestep_fraction=frac, max_grad_norm=gn,
+                              eval_steps=ev)
+
+
 PRESETS: dict[str, Callable[[], RunConfig]] = {
     "shapes-sol-rl": shapes_sol_rl,
     "shapes-diffusion-nft": shapes_diffusion_nft,
     "shapes-naive-scaling": shapes_naive_scaling,
     "shapes-naive-quant": shapes_naive_quant,
+    **{f"{fam}-{m.replace('_', '-')}": _real_preset(fam, m) for fam in _REAL for m in MODES},
 }
 DEFAULT_PRESET = "shapes-sol-rl"
 

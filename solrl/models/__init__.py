@@ -14,7 +14,24 @@ def _load_shapes(path: str | None) -> T2IModel:
     return ShapesModel.load(path)
 
 
-_REGISTRY: dict[str, Callable[[str | None], T2IModel]] = {"shapes": _load_shapes}
+def _diffusers_loader(name: str) -> Callable[[str | None], T2IModel]:
+    """Lazy: diffusers pipelines are imported only when such a model is loaded."""
+
+    def load(path: str | None) -> T2IModel:
+        from solrl.models.diffusers_t2i import MODEL_CLASSES
+
+        return MODEL_CLASSES[name].load(path)
+
+    return load
+
+
+_REGISTRY: dict[str, Callable[[str | None], T2IModel]] = {
+    "shapes": _load_shapes,
+    # real models (diffusers layout, local path or HF cache only): solrl/models/diffusers_t2i.py
+    "sana1.5-1.6b": _diffusers_loader("sana1.5-1.6b"),
+    "sd3.5-large": _diffusers_loader("sd3.5-large"),
+    "flux1-dev": _diffusers_loader("flux1-dev"),
+}
 
 
 def available_models() -> list[str]:

@@ -17,20 +17,26 @@ from torch import nn
 
 @dataclass
 class Cond:
-    """Encoded prompts: token embeddings [B, L, D] and a padding mask [B, L] (1 = token)."""
+    """Encoded prompts: token embeddings [B, L, D], a padding mask [B, L] (1 = token) and, for models
+    that take one (SD3.5, FLUX), a pooled text embedding [B, P]."""
 
     embeds: torch.Tensor
     mask: torch.Tensor
+    pooled: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.embeds.shape[0]
 
     def index(self, idx: torch.Tensor | list[int] | slice) -> "Cond":
-        return Cond(self.embeds[idx], self.mask[idx])
+        return Cond(self.embeds[idx], self.mask[idx], None if self.pooled is None else self.pooled[idx])
 
     @staticmethod
     def cat(conds: list["Cond"]) -> "Cond":
-        return Cond(torch.cat([c.embeds for c in conds]), torch.cat([c.mask for c in conds]))
+        pooled = [c.pooled for c in conds]
+        if any(p is None for p in pooled) and not all(p is None for p in pooled):
+            raise ValueError("cannot concatenate Conds with and without a pooled embedding")
+        return Cond(torch.cat([c.embeds for c in conds]), torch.cat([c.mask for c in conds]),
+                    None if pooled[0] is None else torch.cat(pooled))
 
 
 @dataclass(frozen=True)
