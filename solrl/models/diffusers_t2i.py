@@ -198,7 +198,7 @@ class DiffusersT2I(T2IModel):
         device = torch.device(device) if device is not None else default_device()
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         pipe_cls = getattr(diffusers, cls.family.pipeline)
-        pipe = pipe_cls.from_pretrained(root, local_files_only=True, dtype=dtype)
+        pipe = pipe_cls.from_pretrained(root, local_files_only=True, dtype=dtype, use_safetensors=True)
         pipe.to(device)
         for name in ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
             module = getattr(pipe, name, None)
