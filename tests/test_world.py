@@ -10,7 +10,7 @@ import pytest
 from solrl.rewards import available_rewards, build_reward
 from solrl.rewards.shapes import ShapesReward, detect, score_spec
 from solrl.world.shapes import (
-    COLORS, COUNT_WORDS, POSITIONS, RELATIONS, SHAPES, ObjectSpec, PromptError, Spec, all_specs,
+    COLORS, POSITIONS, RELATIONS, SHAPES, ObjectSpec, PromptError, Spec, all_specs,
     is_heldout, parse, random_spec, render, split_prompts,
 )
 

@@ -32,8 +32,7 @@ from solrl.rewards.shapes import check_images
 from solrl.rewards.weights import (
     MissingWeightsError,
     default_device,
-    dir_available,
-    file_available,
+    missing_checkpoint_and_tokenizer,
     resolve_dir,
     resolve_file,
     source,
@@ -189,14 +188,8 @@ class HPSv2:
 
     @staticmethod
     def missing() -> list[str]:
-        out = []
-        src = source(HPSV2_ENV, HPSV2_DEFAULT)
-        if not file_available(src, HPSV2_FILE):
-            out.append(f"{HPSV2_ENV} ({src}: {HPSV2_FILE})")
-        tok = source(HPSV2_TOK_ENV, HPSV2_TOK_DEFAULT)
-        if not dir_available(tok, TOKENIZER_FILES):
-            out.append(f"{HPSV2_TOK_ENV} ({tok})")
-        return out
+        return missing_checkpoint_and_tokenizer(HPSV2_ENV, HPSV2_DEFAULT, HPSV2_FILE, HPSV2_TOK_ENV, HPSV2_TOK_DEFAULT,
+                                                TOKENIZER_FILES)
 
 
 class HPSv3:

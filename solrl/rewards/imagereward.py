@@ -27,8 +27,7 @@ import numpy as np
 from solrl.rewards.shapes import check_images
 from solrl.rewards.weights import (
     default_device,
-    dir_available,
-    file_available,
+    missing_checkpoint_and_tokenizer,
     resolve_dir,
     resolve_file,
     source,
@@ -176,11 +175,5 @@ class ImageReward:
 
     @staticmethod
     def missing() -> list[str]:
-        out = []
-        src = source(IR_ENV, IR_DEFAULT)
-        if not file_available(src, IR_FILE):
-            out.append(f"{IR_ENV} ({src}: {IR_FILE})")
-        tok = source(IR_TOK_ENV, IR_TOK_DEFAULT)
-        if not dir_available(tok, TOKENIZER_FILES):
-            out.append(f"{IR_TOK_ENV} ({tok})")
-        return out
+        return missing_checkpoint_and_tokenizer(IR_ENV, IR_DEFAULT, IR_FILE, IR_TOK_ENV, IR_TOK_DEFAULT,
+                                                TOKENIZER_FILES)

@@ -79,6 +79,19 @@ def file_available(src: str, filename: str) -> bool:
         return False
 
 
+def missing_checkpoint_and_tokenizer(env: str, default: str, filename: str, tok_env: str, tok_default: str,
+                                     tok_files: Sequence[str | tuple[str, ...]]) -> list[str]:
+    """What a checkpoint-file + tokenizer-directory scorer lacks here (loads nothing)."""
+    out = []
+    src = source(env, default)
+    if not file_available(src, filename):
+        out.append(f"{env} ({src}: {filename})")
+    tok = source(tok_env, tok_default)
+    if not dir_available(tok, tok_files):
+        out.append(f"{tok_env} ({tok})")
+    return out
+
+
 def default_device() -> str:
     import torch
 
