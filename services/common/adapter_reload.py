@@ -1,9 +1,13 @@
 """Adapter hot reload for the inference services (explorer, regenerator): build aside, swap atomically.
 
 HotSwapModel     the serving copy of one denoiser: a plain base model, a precision backend and the
-                 adapter version it serves. A pushed LoRA is merged into the base weights (without
-                 peft), the merged model is put through the backend (re-quantized) into a NEW copy,
-                 and only then is the reference swapped under a lock. A call takes the current copy
+                 adapter version it serves. A pushed LoRA is built into a NEW copy, and only then is
+                 the reference swapped under a lock. Quantizing backends (the explorer's nvfp4 /
+                 mxfp4 / fp8) merge it into the base weights (W + s*B@A, without peft) and
+                 re-quantize; the reference backends (bf16 / fp32: the regenerator) keep it unmerged
+                 as peft LoRA layers in fp32 beside the rounded base, so they compute exactly what
+                 the trainer's peft model computes (merging into bf16 weights would round away the
+                 small updates RL makes). A call takes the current copy
                  once, at its start (`acquire`), and finishes on it whatever is pushed meanwhile; the
                  old copy is freed when its last call ends. A rejected push changes nothing.
 AdapterEndpoint  the front door shared by `PUT /v1/adapter` on the ops app and the LoadAdapter RPCs:
@@ -19,13 +23,16 @@ import hmac
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from peft.functional import cast_adapter_dtype, inject_adapter_in_model
 from prometheus_client import Counter, Gauge
 from starlette.concurrency import run_in_threadpool
 from torch import Tensor, nn
@@ -33,6 +40,7 @@ from torch import Tensor, nn
 from services.common.errors import UnavailableError
 from services.common.metrics import ServiceMetrics
 from solrl.adapters import LoraSpec, decode_adapter, sha256_hex
+from solrl.adapters.lora import PREFIX
 from solrl.adapters.merge import lora_layout, merge_lora, target_weights
 from solrl.models.base import ModelSpec
 from solrl.precision import PrecisionConfig, build_backend
@@ -85,7 +93,7 @@ class ServingCopy:
 class LoadResult:
     version: int
     sha256: str
-    swap_ms: float          # merge + re-quantize + swap
+    swap_ms: float          # build (merge + re-quantize, or LoRA layers) + swap
     previous_version: int
 
 
@@ -102,10 +110,14 @@ class HotSwapModel:
     """A denoiser served at one adapter version at a time, hot-reloadable.
 
     Holds `base` (a plain, peft-free model, put in eval mode without grad; its weights are never
-    modified) and the current serving copy (base with the adapter merged, put through the precision
+    modified) and the current serving copy (base with the adapter, put through the precision
     backend), so base + serving copy are resident, plus the new copy while a push builds it and any
-    old copy a call still runs on. Version 0 is the base model.
+    old copy a call still runs on. Version 0 is the base model. `merges` says how an adapter is
+    applied: merged and re-quantized (quantizing backends) or as unmerged LoRA layers (bf16 / fp32).
     """
+
+    UNMERGED_BACKENDS = ("bf16", "fp32")
+    ADAPTER = "served"   # the peft adapter name of an unmerged LoRA
 
     def __init__(self, base: nn.Module, lora: LoraSpec, precision: PrecisionConfig) -> None:
         if not isinstance(base, nn.Module):
@@ -117,9 +129,26 @@ class HotSwapModel:
         self.layout = lora_layout(self._base, lora)
         self._base_weights = target_weights(self._base, lora)
         self._backend = build_backend(precision)
+        self.merges = precision.backend not in self.UNMERGED_BACKENDS
         self._cond = threading.Condition()   # guards _current; notified on every swap
         self._load_lock = threading.Lock()   # one build at a time
         self._current = ServingCopy(self._build({}), 0, "")
+
+    def _build_unmerged(self, state: Mapping[str, Tensor]) -> nn.Module:
+        """A new serving copy: the base through the backend, plus `state` as peft LoRA layers (fp32, the
+        trainer's own layer type and order of operations: base(x) + s * B(A(x)))."""
+        module = self._backend.prepare(copy.deepcopy(self._base))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Already found a `peft_config`")
+            inject_adapter_in_model(self.lora.lora_config(), module, adapter_name=self.ADAPTER)
+        cast_adapter_dtype(module, self.ADAPTER)   # fp32 LoRA on a bf16 base, as the trainer's
+        with torch.no_grad():
+            for name in self._base_weights:
+                layer = module.get_submodule(name)
+                for part in ("lora_A", "lora_B"):
+                    weight = getattr(layer, part)[self.ADAPTER].weight
+                    weight.copy_(state[f"{PREFIX}.{name}.{part}.weight"].to(weight.device, weight.dtype))
+        return module.eval().requires_grad_(False)
 
     def _build(self, merged: Mapping[str, Tensor]) -> nn.Module:
         """A new serving copy: the base with `merged` as its LoRA targets' weights, through the backend."""
@@ -188,7 +217,10 @@ class HotSwapModel:
                 raise AdapterRejected("invalid", f"adapter rank/alpha {payload.spec.rank}/{payload.spec.alpha} differ "
                                                  f"from the served LoRA spec {self.lora.rank}/{self.lora.alpha}")
             t0 = time.perf_counter()
-            module = self._build(merge_lora(self._base_weights, payload.state, self.lora))
+            if self.merges:
+                module = self._build(merge_lora(self._base_weights, payload.state, self.lora))
+            else:
+                module = self._build_unmerged(payload.state)
             with self._cond:
                 self._current = ServingCopy(module, version, actual)
                 self._cond.notify_all()

@@ -130,7 +130,7 @@ def default_sampler(model: T2IModel) -> SamplerSpec:
 class RolloutPlane:
     """A hot-reloadable copy of `model.transformer` serving one rollout role.
 
-    `model.transformer` becomes the plain base the adapters merge into (kept as given); `precision`
+    `model.transformer` becomes the plain base the adapters are applied to (kept as given); `precision`
     is combined with the model's quantization skip list; `lora` is the layout pushed adapters must
     have. A request for a newer adapter version than served waits up to `version_wait_s`.
     """

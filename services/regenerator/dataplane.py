@@ -45,7 +45,8 @@ class RegeneratorDataPlane(RolloutPlane):
 
     """Regenerate over a hot-reloadable copy of `model.transformer` in `precision` (BF16 by default).
 
-    `model.transformer` becomes the plain base the adapters merge into (kept as given); `lora` is the
+    `model.transformer` becomes the plain base the adapters are applied to (kept as given; unmerged
+    in bf16 / fp32, see HotSwapModel); `lora` is the
     layout pushed adapters must have. A request for a newer adapter version than served waits up to
     `version_wait_s`.
     """
