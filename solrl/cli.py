@@ -43,14 +43,14 @@ def cmd_train(a: argparse.Namespace) -> int:
     print(json.dumps({k: s[k] for k in ("eval_before", "eval_after", "wall_time_s", "mean_epoch_times_s",
                                         "forwards_per_epoch")}, indent=2))
     if s["eval_before"] is not None and s["eval_after"] is not None:
-        print(f"held-out exact reward (EMA adapter): {s['eval_before']:.4f} -> {s['eval_after']:.4f} "
+        print(f"held-out reward (EMA adapter): {s['eval_before']:.4f} -> {s['eval_after']:.4f} "
               f"({s['eval_after'] - s['eval_before']:+.4f}) in {s['wall_time_s']:.0f} s")
     print(f"curve: {run_dir / 'reward_curve.png'}   grids: {run_dir / 'eval'}/epoch_*/")
     return 0
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from solrl.evaluate import evaluate, write_eval
+    from solrl.evaluate import write_eval
     from solrl.loop import Session, load_run_for_eval
 
     out = Path(a.out)
@@ -65,15 +65,13 @@ def cmd_eval(a: argparse.Namespace) -> int:
         sess = load_run_for_eval(Path(a.checkpoint))
         cfg = sess.cfg
         extra = {"checkpoint": str(a.checkpoint), "adapter": "ema", "model": cfg.model.name}
-    steps = a.steps or cfg.eval.steps
-    with sess.adapters.use("ema"):
-        summary, grids = evaluate(sess.model, sess.model.transformer, steps, a.prompts or cfg.eval.prompts,
-                                  a.seeds_per_prompt or cfg.eval.seeds_per_prompt, cfg.eval.seed, sess.sampler,
-                                  cfg.rollout.micro_batch)
+    summary, grids = sess.evaluate(tuple(a.steps) if a.steps else None, a.prompts, a.seeds_per_prompt)
+    extra["prompt_set"] = cfg.prompts.eval
     write_eval(out, summary, grids, extra)
     print(json.dumps({k: v for k, v in summary.items() if k != "results"}, indent=2))
     for n, r in summary["results"].items():
-        print(f"{n:>3} steps: mean_reward {r['mean_reward']:.4f}  by form {r['by_form']}")
+        more = f"  by form {r['by_form']}" if "by_form" in r else ""
+        print(f"{n:>3} steps: mean_reward {r['mean_reward']:.4f}{more}")
     print(f"wrote {out / 'eval.json'} and grids")
     return 0
 

@@ -86,6 +86,16 @@ class EvalConfig:
     seeds_per_prompt: int = 2
     seed: int = 1234
     grid: bool = True
+    reward: str = ""                    # "" = the run's reward; the shapes presets score with "shapes"
+
+
+@dataclass
+class PromptsConfig:
+    """Prompt sets (solrl.prompts): a built-in name or a .txt / .jsonl / .json file. Real-model presets
+    leave both empty, and a run must name its own."""
+
+    train: str = "shapes:train"         # what the explorer samples prompts from
+    eval: str = "shapes:held-out"       # held-out prompts (shapes sets: a fixed, form-stratified subset)
 
 
 @dataclass
@@ -94,11 +104,11 @@ class RunConfig:
     seed: int = 0
     epochs: int = 100
     reward: str = "shapes"
-    prompt_split: str = "train"         # RL prompts: "train" | "all"
     checkpoint_every: int = 1
     tensorboard: bool = True
     threads: int = 0                    # torch threads; 0 = leave torch's default
     model: ModelConfig = field(default_factory=ModelConfig)
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -136,8 +146,12 @@ class RunConfig:
             raise ConfigError("eval.prompts and eval.seeds_per_prompt must be positive, eval.every >= 0")
         if any(s <= 0 for s in self.eval.steps) or not self.eval.steps:
             raise ConfigError(f"eval.steps must be positive step counts, got {self.eval.steps}")
-        if self.prompt_split not in ("train", "all"):
-            raise ConfigError(f"prompt_split must be 'train' or 'all', got {self.prompt_split!r}")
+        for name in ("train", "eval"):
+            if not getattr(self.prompts, name).strip():
+                raise ConfigError(f"prompts.{name} is required for model {self.model.name!r}: a prompt file (.txt, one "
+                                  f"prompt per line; .jsonl / .json with a \"prompt\" field) or a built-in set "
+                                  f"(shapes:train, shapes:held-out, ocr:train, ocr:test), e.g. "
+                                  f"--set prompts.{name}=/data/prompts/{name}.txt")
         if self.checkpoint_every < 0 or self.threads < 0:
             raise ConfigError("checkpoint_every and threads must be >= 0")
         return self
@@ -151,6 +165,11 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        if isinstance(data, dict) and "prompt_split" in data and "prompts" not in data:
+            # configs written before prompt sets: prompt_split "train" | "all" of the shapes world
+            split = data["prompt_split"]
+            data = {k: v for k, v in data.items() if k != "prompt_split"}
+            data["prompts"] = {"train": "shapes:all" if split == "all" else "shapes:train"}
         return _build(cls, data, "")
 
     @classmethod
@@ -266,7 +285,7 @@ def _shapes_base(name: str, mode: str) -> RunConfig:
         explore_precision=PrecisionConfig(backend="nvfp4-emu"), precision=PrecisionConfig(backend="bf16"),
     )
     cfg.train = TrainConfig(lr=3e-4, micro_batch=32, timestep_fraction=0.4, weight_decay=1e-4)
-    cfg.eval = EvalConfig(every=5, steps=(10,), prompts=48, seeds_per_prompt=2)
+    cfg.eval = EvalConfig(every=5, steps=(10,), prompts=48, seeds_per_prompt=2, reward="shapes")
     return cfg
 
 
@@ -305,6 +324,7 @@ def _real_base(family: str, model: str, mode: str, *, micro_batch: int, timestep
                             micro_batch=micro_batch, optimizer_steps_per_epoch=1,
                             timestep_fraction=timestep_fraction, beta=1.0, kl_beta=1e-4)
     cfg.eval = EvalConfig(every=10, steps=(eval_steps,), prompts=48, seeds_per_prompt=1)
+    cfg.prompts = PromptsConfig(train="", eval="")  # the user's prompt files: required
     return cfg
 
 

@@ -28,7 +28,6 @@ from solrl.adapters.wire import sha256_hex
 from solrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from solrl.config import RunConfig
 from solrl.loop import Session, _save_eval, epoch_rng
-from solrl.models.shapes_pretrain import PromptSampler
 from solrl.queue import Queue
 from solrl.telemetry import MetricsWriter
 from solrl.trainer import Batch
@@ -118,7 +117,7 @@ class RemoteSession:
 
         sess, cfg, r = self.sess, self.sess.cfg, self.sess.cfg.rollout
         rng, tgen = epoch_rng(cfg.seed, epoch, 0)  # the embedded loop's draws, in the same order
-        prompts = PromptSampler(sess.prompts)(rng, r.prompts_per_epoch)
+        prompts = sess.prompt_sampler(rng, r.prompts_per_epoch)
         seeds = rng.integers(0, 2**31 - 1, size=(len(prompts), r.pool)).tolist()
         rec: dict[str, Any] = {"epoch": epoch + 1, "adapter_version": sess.version, "mode": r.mode}
         rec["time_sync_s"] = self.sync()

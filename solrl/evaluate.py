@@ -1,4 +1,10 @@
-"""Held-out evaluation: fixed prompts and seeds, exact reward, per-attribute accuracy, sample grids."""
+"""Held-out evaluation: fixed prompts and seeds, the evaluation reward, sample grids.
+
+The prompts are the run's `prompts.eval` set (the first `eval.prompts` of it; for a shapes-world set a
+fixed, form-stratified subset) and the reward is `eval.reward` (or the run's). With the shapes reward
+the summary also holds per-attribute accuracies, exact matches and the reward per caption form; with
+a weighted multi-reward, each component's mean.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +19,8 @@ import numpy as np
 from torch import nn
 
 from solrl.models.base import T2IModel
+from solrl.prompts import is_shapes_set, load_prompt_set
+from solrl.rewards import Scorer, build_reward
 from solrl.rewards.shapes import ShapesReward
 from solrl.rollout import PromptCache, SamplerSpec, generate
 from solrl.telemetry import image_grid, save_png
@@ -21,9 +29,11 @@ from solrl.world.shapes import parse, split_prompts
 ATTRIBUTES = ("colour", "shape", "count", "position")
 
 
-def eval_prompts(n: int) -> list[str]:
-    """A fixed, form-stratified subset of the held-out prompts (round-robin over forms, hash order)."""
-    _, held = split_prompts()
+def eval_prompts(n: int, held: list[str] | None = None) -> list[str]:
+    """A fixed, form-stratified subset of shapes-world captions `held` (default: the held-out split;
+    round-robin over forms, hash order)."""
+    if held is None:
+        _, held = split_prompts()
     groups: dict[str, list[str]] = {}
     for c in sorted(held, key=lambda c: hashlib.sha256(c.encode()).hexdigest()):
         s = parse(c)
@@ -43,38 +53,73 @@ def eval_prompts(n: int) -> list[str]:
     return out
 
 
-def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], n_prompts: int,
-             seeds_per_prompt: int, seed: int, sampler: SamplerSpec, micro_batch: int = 128,
-             cache: PromptCache | None = None) -> tuple[dict[str, Any], dict[int, np.ndarray]]:
-    """Returns (summary, {steps: grid image}). Seeds are fixed: seed + prompt index * S + j."""
-    prompts = eval_prompts(n_prompts)
+def eval_prompt_set(name: str, n: int) -> list[str]:
+    """The first `n` prompts of the set `name` (a shapes-world set: its form-stratified subset)."""
+    if n <= 0:
+        raise ValueError(f"the number of evaluation prompts must be positive, got {n}")
+    if is_shapes_set(name):
+        return eval_prompts(n, None if name.strip() == "shapes:held-out" else load_prompt_set(name))
+    return load_prompt_set(name)[:n]
+
+
+def eval_scorer(cfg: Any, run_scorer: Scorer | None = None) -> Scorer:
+    """`cfg.eval.reward` (or the run's reward), reusing the run's scorer when they are the same."""
+    name = cfg.eval.reward or cfg.reward
+    if run_scorer is not None and name == cfg.reward:
+        return run_scorer
+    return build_reward(name)
+
+
+def _score(scorer: Scorer, images: np.ndarray, prompts: list[str]) -> tuple[np.ndarray, dict[str, Any]]:
+    """Total rewards and the extra summary fields the scorer can give."""
+    extra: dict[str, Any] = {}
+    if isinstance(scorer, ShapesReward):
+        detail = scorer.score_detailed(images, prompts)
+        totals = np.array([d["total"] for d in detail])
+        for a in ATTRIBUTES:
+            vals = [d[a] for d in detail if not math.isnan(d[a])]
+            extra[f"{a}_accuracy"] = float(np.mean(vals)) if vals else None
+        extra["exact_match"] = float(np.mean(totals >= 0.999))
+        forms: dict[str, list[float]] = {}
+        for p, t in zip(prompts, totals):
+            s = parse(p)
+            forms.setdefault("position" if s.position else s.form, []).append(float(t))
+        extra["by_form"] = {k: float(np.mean(v)) for k, v in sorted(forms.items())}
+        return totals, extra
+    detailed = getattr(scorer, "score_detailed", None)
+    if callable(detailed):   # a weighted multi-reward: {component: [N], "total": [N]}
+        parts = detailed(images, prompts)
+        extra["components"] = {k: float(np.mean(v)) for k, v in parts.items() if k != "total"}
+        return np.asarray(parts["total"], dtype=np.float64), extra
+    return np.asarray(scorer(images, prompts), dtype=np.float64), extra
+
+
+def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], prompts: list[str],
+             seeds_per_prompt: int, seed: int, sampler: SamplerSpec, scorer: Scorer | None = None,
+             micro_batch: int = 128, cache: PromptCache | None = None
+             ) -> tuple[dict[str, Any], dict[int, np.ndarray]]:
+    """Returns (summary, {steps: grid image}). Seeds are fixed: seed + prompt index * S + j. `scorer`
+    defaults to the shapes world's exact reward."""
+    if not prompts:
+        raise ValueError("evaluate needs at least one prompt")
     flat_p = [p for p in prompts for _ in range(seeds_per_prompt)]
     flat_s = [seed + i * seeds_per_prompt + j for i in range(len(prompts)) for j in range(seeds_per_prompt)]
-    reward = ShapesReward()
+    reward = scorer if scorer is not None else ShapesReward()
     results: dict[str, Any] = {}
     grids: dict[int, np.ndarray] = {}
     for n_steps in steps:
         t0 = time.time()
         gen = generate(model, transformer, flat_p, flat_s, n_steps, sampler, micro_batch, cache)
-        detail = reward.score_detailed(gen.images, flat_p)
-        totals = np.array([d["total"] for d in detail])
+        totals, extra = _score(reward, gen.images, flat_p)
         res: dict[str, Any] = {"mean_reward": float(totals.mean()), "n": len(totals),
-                               "sample_time_s": round(time.time() - t0, 2)}
-        for a in ATTRIBUTES:
-            vals = [d[a] for d in detail if not math.isnan(d[a])]
-            res[f"{a}_accuracy"] = float(np.mean(vals)) if vals else None
-        res["exact_match"] = float(np.mean(totals >= 0.999))
-        forms: dict[str, list[float]] = {}
-        for p, t in zip(flat_p, totals):
-            s = parse(p)
-            forms.setdefault("position" if s.position else s.form, []).append(float(t))
-        res["by_form"] = {k: float(np.mean(v)) for k, v in sorted(forms.items())}
+                               "sample_time_s": round(time.time() - t0, 2), **extra}
         results[str(n_steps)] = res
         pick = list(range(0, len(flat_p), seeds_per_prompt))[:32]
         grids[n_steps] = image_grid(gen.images[pick], [flat_p[i] for i in pick],
                                     scores=[float(totals[i]) for i in pick])
     first = results[str(steps[0])]
     summary = {"mean_reward": first["mean_reward"], "n": first["n"], "steps": list(steps),
+               "reward": getattr(reward, "name", type(reward).__name__),
                "prompts": len(prompts), "seeds_per_prompt": seeds_per_prompt,
                **{k: v for k, v in first.items() if k.endswith("_accuracy")}, "results": results}
     return summary, grids

@@ -26,18 +26,17 @@ from tqdm import tqdm
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter
 from solrl.algo import select
 from solrl.checkpoint import latest_checkpoint, load_adapters, load_checkpoint, save_checkpoint
-from solrl.config import RunConfig
-from solrl.evaluate import evaluate
+from solrl.config import ConfigError, RunConfig
+from solrl.evaluate import eval_prompt_set, eval_scorer, evaluate
 from solrl.models import load_model
 from solrl.models.base import T2IModel
-from solrl.models.shapes_pretrain import PromptSampler
 from solrl.precision import build_backend
+from solrl.prompts import PromptSetError, load_prompt_set, prompt_sampler
 from solrl.rewards import build_reward
 from solrl.rollout import PromptCache, SamplerSpec, explore, regenerate
 from solrl.rollout.workers import InferenceCopy
 from solrl.telemetry import MetricsWriter, plot_reward_curve, read_metrics, save_png
 from solrl.trainer import Batch, NFTTrainer
-from solrl.world.shapes import split_prompts
 
 
 def epoch_rng(seed: int, epoch: int, stream: int) -> tuple[np.random.Generator, torch.Generator]:
@@ -60,6 +59,12 @@ class Session:
     cache: PromptCache
     prompts: list[str]
     version: int = 0
+    prompt_sampler: Any = None
+    _eval_scorer: Any = None
+
+    def __post_init__(self) -> None:
+        if self.prompt_sampler is None:
+            self.prompt_sampler = prompt_sampler(self.cfg.prompts.train, self.prompts)
 
     @classmethod
     def build(cls, cfg: RunConfig, local_explorer: bool = True) -> "Session":
@@ -85,8 +90,11 @@ class Session:
         explorer = None
         if local_explorer and cfg.rollout.mode in ("sol_rl", "naive_quant"):
             explorer = InferenceCopy(adapters, cfg.rollout.explore_precision, spec.quant_skip, spec.quant_min_features)
-        train_caps, _ = split_prompts()
-        prompts = train_caps if cfg.prompt_split == "train" else sorted(set(train_caps) | set(split_prompts()[1]))
+        try:
+            prompts = load_prompt_set(cfg.prompts.train)
+            eval_prompt_set(cfg.prompts.eval, cfg.eval.prompts)   # a bad eval set fails now, not after epoch 1
+        except PromptSetError as exc:
+            raise ConfigError(f"prompts: {exc}") from None
         return cls(cfg, model, adapters, trainer, explorer, build_reward(cfg.reward), sampler,
                    PromptCache(model), prompts)
 
@@ -102,7 +110,7 @@ class Session:
         """One epoch; `on_stage(name)` is called as each stage starts (for a progress display)."""
         cfg, r = self.cfg, self.cfg.rollout
         rng, tgen = epoch_rng(cfg.seed, epoch, 0)
-        prompts = PromptSampler(self.prompts)(rng, r.prompts_per_epoch)
+        prompts = self.prompt_sampler(rng, r.prompts_per_epoch)
         pool = r.kept if r.mode == "diffusion_nft" else r.pool
         seeds = rng.integers(0, 2**31 - 1, size=(len(prompts), pool)).tolist()
         rec: dict[str, Any] = {"epoch": epoch + 1, "adapter_version": self.version, "mode": r.mode}
@@ -162,11 +170,17 @@ class Session:
         rec["time_epoch_s"] = rec["time_sync_s"] + rec["time_explore_s"] + rec["time_regenerate_s"] + rec["time_train_s"]
         return rec
 
-    def evaluate(self, steps: tuple[int, ...] | None = None) -> tuple[dict[str, Any], dict[int, np.ndarray]]:
+    def evaluate(self, steps: tuple[int, ...] | None = None, n_prompts: int | None = None,
+                 seeds_per_prompt: int | None = None) -> tuple[dict[str, Any], dict[int, np.ndarray]]:
+        """The EMA adapter on the held-out prompt set (`prompts.eval`) with the evaluation reward."""
         e = self.cfg.eval
+        if self._eval_scorer is None:
+            self._eval_scorer = eval_scorer(self.cfg, self.scorer)
+        prompts = eval_prompt_set(self.cfg.prompts.eval, n_prompts or e.prompts)
         with self.adapters.use("ema"):
-            return evaluate(self.model, self.model.transformer, steps or e.steps, e.prompts, e.seeds_per_prompt,
-                            e.seed, self.sampler, self.cfg.rollout.micro_batch, self.cache)
+            return evaluate(self.model, self.model.transformer, steps or e.steps, prompts,
+                            seeds_per_prompt or e.seeds_per_prompt, e.seed, self.sampler, self._eval_scorer,
+                            self.cfg.rollout.micro_batch, self.cache)
 
 
 def _agreement(ex, bf16_rewards: np.ndarray) -> dict[str, float]:

@@ -9,7 +9,9 @@ from solrl.config import PRESETS, ConfigError, RunConfig, apply_overrides, get_p
 
 
 def test_presets_are_valid_and_differ_in_mode():
-    modes = {name: get_preset(name).validate().rollout.mode for name in PRESETS}
+    real = ["prompts.train=/data/train.txt", "prompts.eval=/data/test.txt"]  # real presets ask for prompt files
+    modes = {name: apply_overrides(get_preset(name), [] if name.startswith("shapes-") else real).validate().rollout.mode
+             for name in PRESETS}
     shapes = {k: v for k, v in modes.items() if k.startswith("shapes-")}  # the real-model presets: test_real_models
     assert shapes == {"shapes-sol-rl": "sol_rl", "shapes-diffusion-nft": "diffusion_nft",
                       "shapes-naive-scaling": "naive_scaling", "shapes-naive-quant": "naive_quant"}

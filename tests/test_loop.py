@@ -148,7 +148,7 @@ def test_cli_train_then_eval_of_the_run(random_model_dir, tmp_path, capsys):
     for o in TINY + [f"model.path={random_model_dir}"]:
         args += ["--set", o]
     assert main(args) == 0
-    assert "held-out exact reward (EMA adapter)" in capsys.readouterr().out
+    assert "held-out reward (EMA adapter)" in capsys.readouterr().out
     assert main(args) == 2  # the same --out again: refuses to overwrite a run
     assert "already holds a run" in capsys.readouterr().err
     out = tmp_path / "ev"

@@ -27,7 +27,8 @@ FAMILY_PRESET = {"sana1.5-1.6b": "sana", "sd3.5-large": "sd35l", "flux1-dev": "f
 TINY_RUN = ["reward=jpeg_compressibility", "rollout.explore_precision.backend=nvfp4-emu",
             "rollout.prompts_per_epoch=2", "rollout.pool=4", "rollout.kept=2", "rollout.explore_steps=2",
             "rollout.steps=2", "rollout.micro_batch=4", "train.micro_batch=4", "train.timestep_fraction=0.5",
-            "lora.rank=4", "lora.alpha=8", "tensorboard=false", "threads=1"]
+            "lora.rank=4", "lora.alpha=8", "tensorboard=false", "threads=1", "prompts.train=ocr:train",
+            "prompts.eval=ocr:test"]
 
 
 @pytest.fixture(scope="module")
