@@ -7,6 +7,7 @@ Each benchmark module `solrl.bench.<name>` exposes `run(out: Path, small: bool) 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -27,14 +28,20 @@ def machine() -> dict[str, Any]:
     except (OSError, StopIteration, ValueError):
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    try:  # taken when the results are written: a 15-min load above the torch threads means the run shared the CPU
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
     return {**m, "memory_gib": mem_gib, "gpu": gpu, "platform": platform.platform(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "loadavg_1_5_15": load}
 
 
 def machine_line(m: dict[str, Any]) -> str:
     gpu = m["gpu"] or "no GPU"
+    load = m.get("loadavg_1_5_15")
+    busy = f"; load average at the end {'/'.join(map(str, load))} (1/5/15 min)" if load else ""
     return (f"{m['cpu']}, {m['cores']} cores ({m['threads']} torch threads), {m['memory_gib']} GiB, {gpu}; "
-            f"Python {m['python']}, torch {m['torch']}; {m['date']}")
+            f"Python {m['python']}, torch {m['torch']}; {m['date']}{busy}")
 
 
 def write_results(out: Path, name: str, result: dict[str, Any], markdown_body: str) -> dict[str, Any]:
