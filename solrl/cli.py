@@ -114,11 +114,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
         kw["precisions"] = tuple(a.precisions.split(","))
     if a.steps:
         kw["steps"] = a.steps
+    if a.reward:
+        kw["reward"] = a.reward
     try:
-        run_bench(a.name, Path(a.out), small=a.small, **kw)
+        result = run_bench(a.name, Path(a.out), small=a.small, **kw)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    print(Path(a.out, f"{a.name}.md").read_text())
+    print(Path(a.out, f"{result.get('bench', a.name)}.md").read_text())
     return 0
 
 
@@ -251,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--precisions", default=None,
                    help="ranking: comma-separated proxy precisions; NAME@2/6 limits one to those explore steps")
     b.add_argument("--steps", type=_steps, default=None, help="ranking: comma-separated explore steps")
+    b.add_argument("--reward", default=None, help="curve: train and evaluate on this reward (default: shapes)")
     b.set_defaults(fn=cmd_bench)
 
     sv = sub.add_parser("serve", help="run one service role (what containers run)")

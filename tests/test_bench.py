@@ -87,6 +87,19 @@ def test_curve_small(tmp_path):
         assert [p["epoch"] for p in c["points"]] == [0, 1, 2]
     assert r["nft_final_reward"] == r["curves"]["diffusion_nft"]["final_reward"]
     assert (tmp_path / "curve.png").stat().st_size > 1000 and (tmp_path / "curve.md").exists()
+    for c in r["curves"].values():
+        e = c["epochs_to_nft_final"]
+        assert (e is None) == (c["wall_s_to_nft_final"] is None) and (e is None or 1 <= e <= 2)
+
+
+def test_curve_on_another_reward(tmp_path):
+    assert main(["bench", "curve", "--small", "--epochs", "1", "--reward", "jpeg_compressibility",
+                 "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "curve-jpeg_compressibility.json").read_text())
+    assert r["reward"] == "jpeg_compressibility" and "eval.reward=jpeg_compressibility" in r["settings"]
+    assert all(p["reward"] < 0 for c in r["curves"].values() for p in c["points"])  # -(JPEG KiB)
+    assert (tmp_path / "curve-jpeg_compressibility.png").exists()
+    assert not (tmp_path / "curve.json").exists()
 
 
 @pytest.mark.slow
