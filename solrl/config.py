@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import types
 import typing
 from dataclasses import dataclass, field
@@ -356,6 +357,23 @@ def get_preset(name: str) -> RunConfig:
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; available: {sorted(PRESETS)}")
     return PRESETS[name]()
+
+
+def resolve_run(preset: str | None, config_file: str | None, overrides: list[str] | None, out: str | None,
+                resume: str | None) -> tuple[RunConfig, Path]:
+    """A run's config and directory: a new run from preset / config file / overrides (in `out`, default
+    runs/<name>-<time>), or, with `resume` = RUN_DIR, the config saved in RUN_DIR plus the overrides."""
+    if resume:
+        run_dir = Path(resume)
+        if out and Path(out) != run_dir:
+            raise ConfigError(f"--out {out} and --resume {resume} name different run directories")
+        if preset or config_file:
+            raise ConfigError("--resume takes the config saved in the run directory; drop --preset / --config")
+        if not (run_dir / "config.json").exists():
+            raise ConfigError(f"--resume {run_dir}: no config.json there (not a run directory)")
+        return apply_overrides(RunConfig.load(run_dir / "config.json"), list(overrides or [])).validate(), run_dir
+    cfg = resolve(preset, config_file, overrides)
+    return cfg, Path(out) if out else Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def resolve(preset: str | None = None, config_file: str | None = None, overrides: list[str] | None = None) -> RunConfig:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from solrl.config import RunConfig, resolve
+from solrl.config import RunConfig, resolve_run
 
 ROLES = ("reward", "explorer", "regenerator", "trainer")
 HOST = "127.0.0.1"
@@ -211,6 +211,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="a config JSON instead of a preset")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. rollout.pool=48")
     p.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its last checkpoint (its saved config plus --set)")
     p.add_argument("--namespace", default=None, help="queue key namespace (default: solrl:<run directory name>)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rollout service (0: torch's default)")
     p.add_argument("--explorers", type=int, default=1, help="explorer processes sharing the explore stream")
@@ -220,14 +222,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run `solrl up` until the trainer finishes, a service dies, or SIGINT / SIGTERM."""
-    cfg = resolve(args.preset, args.config, list(args.set or []))
+    cfg, run_dir = resolve_run(args.preset, args.config, list(args.set or []), args.out, args.resume)
     if cfg.rollout.mode != "sol_rl":
         raise ValueError(f"solrl up runs rollout.mode 'sol_rl' (explorer + regenerator), got {cfg.rollout.mode!r}")
-    run_dir = Path(args.out) if args.out else Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     namespace = args.namespace or f"solrl:{run_dir.name}"
-    trainer_args = [*(["--preset", args.preset] if args.preset else []), *(["--config", args.config] if args.config
-                                                                          else []),
-                    *[a for s in (args.set or []) for a in ("--set", s)]]
+    head = ["--resume", str(run_dir)] if args.resume else [
+        *(["--preset", args.preset] if args.preset else []), *(["--config", args.config] if args.config else [])]
+    trainer_args = [*head, *[a for s in (args.set or []) for a in ("--set", s)]]
     token = os.environ.get("SOLRL_ADAPTER_TOKEN") or secrets.token_urlsafe(24)
     sup = Supervisor(plan(cfg, redis_url=args.redis_url, namespace=namespace, run_dir=run_dir,
                           trainer_args=trainer_args, token=token, threads=args.threads,

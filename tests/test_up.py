@@ -151,11 +151,14 @@ def test_solrl_up_runs_two_epochs_and_shuts_down_cleanly(tmp_path):
             "eval.seeds_per_prompt=1", "eval.every=0", "eval.steps=2", "tensorboard=false", "lora.rank=4",
             "lora.alpha=8", "epochs=2", "rollout.precision.backend=fp32", "rollout.explore_precision.backend=fp32",
             f"model.path={model_dir}"]
-    cmd = [sys.executable, "-m", "solrl.up", "--redis-url", "redis://127.0.0.1:6379/0", "--namespace", ns,
-           "--out", str(tmp_path / "run"), "--threads", "1", "--grace-s", "10",
-           *[a for s in sets for a in ("--set", s)]]
+    common = [sys.executable, "-m", "solrl.up", "--redis-url", "redis://127.0.0.1:6379/0", "--namespace", ns,
+              "--threads", "1", "--grace-s", "10"]
+    cmd = [*common, "--out", str(tmp_path / "run"), *[a for s in sets for a in ("--set", s)]]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+        # then one more epoch: --resume takes the saved config, --set raises the epoch count
+        resumed = subprocess.run([*common, "--resume", str(tmp_path / "run"), "--set", "epochs=3"], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=240, check=False)
     finally:
         client = redis.Redis.from_url("redis://127.0.0.1:6379/0")
         keys = list(client.scan_iter(f"{ns}:*"))
@@ -168,6 +171,7 @@ def test_solrl_up_runs_two_epochs_and_shuts_down_cleanly(tmp_path):
         assert re.search(rf"^\s*up \| {role} ready$", log, re.MULTILINE), role
     assert re.search(r"^\s*trainer \| solrl trainer: epoch 2/2", log, re.MULTILINE)
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    metrics = metrics[:3]  # the first run's (the resumed run appended epoch 3)
     assert [m["epoch"] for m in metrics] == [0, 1, 2] and [m["adapter_version"] for m in metrics[1:]] == [0, 1]
     # epoch 2 was sampled with adapter version 1, pushed over gRPC LoadAdapter with the shared token
     for role in ("explorer", "regenerator"):
@@ -176,3 +180,12 @@ def test_solrl_up_runs_two_epochs_and_shuts_down_cleanly(tmp_path):
     for pid in map(int, re.findall(r"started \w+ \(pid (\d+)\)", log)):  # every child is gone
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+    log = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, log[-4000:]
+    assert re.search(r"^\s*trainer \| solrl trainer: epoch 3/3", log, re.MULTILINE)
+    assert not re.search(r"solrl trainer: epoch [12]/", log)  # continued, not restarted
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == [0, 1, 2, 3] and metrics[-1]["adapter_version"] == 2
+    for role in ("explorer", "regenerator"):  # the fresh services got the resumed adapter before epoch 3
+        assert re.search(rf"^\s*{role} \| .*adapter version 2 \(sha256", log, re.MULTILINE), role

@@ -20,7 +20,6 @@ import os
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ from services.common.workers import (
     ENV_QUEUE_NAMESPACE,
     ENV_REDIS_URL,
 )
-from solrl.config import RunConfig, apply_overrides, resolve
+from solrl.config import RunConfig, resolve_run
 from solrl.distributed import RemoteSession, run_distributed
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
@@ -188,18 +187,7 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
 def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path]:
     """The run's config and directory: a new run from --preset / --config / --set (--out), or, with
     --resume RUN_DIR, the config saved in RUN_DIR plus --set (as `solrl train --resume`)."""
-    overrides = list(args.set or [])
-    if args.resume:
-        run_dir = Path(args.resume)
-        if args.out and Path(args.out) != run_dir:
-            raise ValueError(f"--out {args.out} and --resume {args.resume} name different run directories")
-        if args.preset or args.config:
-            raise ValueError("--resume takes the config saved in the run directory; drop --preset / --config")
-        if not (run_dir / "config.json").exists():
-            raise ValueError(f"--resume {run_dir}: no config.json there (not a run directory)")
-        return apply_overrides(RunConfig.load(run_dir / "config.json"), overrides).validate(), run_dir
-    cfg = resolve(args.preset, args.config, overrides)
-    return cfg, Path(args.out) if args.out else Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return resolve_run(args.preset, args.config, list(args.set or []), args.out, args.resume)
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None,
