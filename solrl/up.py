@@ -197,7 +197,7 @@ def plan(cfg: RunConfig, *, redis_url: str, namespace: str, run_dir: Path, train
     explorer_specs = [spec("explorer", explorer_args, secret, name) for name in names["explorer"]]
     regenerator = spec("regenerator", [*model, "--precision", r.precision.backend, "--steps", str(r.steps)], secret)
     trainer = spec("trainer", [*trainer_args, "--out", str(run_dir), "--redis-url", redis_url,
-                               "--namespace", namespace,
+                               "--queue-namespace", namespace,
                                "--explorer-addrs", ",".join(f"{HOST}:{ports[n][0]}" for n in names["explorer"]),
                                "--regenerator-addrs", f"{HOST}:{ports['regenerator'][0]}"],
                    secret)

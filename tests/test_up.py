@@ -102,6 +102,7 @@ def test_plan_wires_ports_queue_and_config():
         return spec.argv[spec.argv.index(name) + 1]
 
     assert opt(explorer, "--reward-addr") == f"127.0.0.1:{opt(reward, '--grpc-port')}"
+    assert opt(explorer, "--queue-namespace") == opt(regen, "--queue-namespace") == opt(trainer, "--queue-namespace") == "ns"
     assert opt(trainer, "--explorer-addrs") == f"127.0.0.1:{opt(explorer, '--grpc-port')}"
     assert opt(trainer, "--regenerator-addrs") == f"127.0.0.1:{opt(regen, '--grpc-port')}"
     assert opt(explorer, "--precision") == "fp32" and opt(explorer, "--kept") == "4"

@@ -171,8 +171,9 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
                    help="continue the run in RUN_DIR from its last checkpoint (its config.json, plus --set)")
     p.add_argument("--run-id", default="", help="names the run's queue jobs (default: the run directory's name)")
     p.add_argument("--redis-url", default=environ.get(ENV_REDIS_URL, ""), help=f"the work queue (env {ENV_REDIS_URL})")
-    p.add_argument("--namespace", default=environ.get(ENV_QUEUE_NAMESPACE, "") or DEFAULT_NAMESPACE,
-                   help=f"queue key namespace (env {ENV_QUEUE_NAMESPACE})")
+    p.add_argument("--queue-namespace", "--namespace", dest="namespace",
+                   default=environ.get(ENV_QUEUE_NAMESPACE, "") or DEFAULT_NAMESPACE,
+                   help=f"queue key namespace, as the rollout services' --queue-namespace (env {ENV_QUEUE_NAMESPACE})")
     p.add_argument("--explorer-addrs", default=environ.get(ENV_EXPLORER_ADDRS, ""),
                    help=f"explorer gRPC addresses, comma-separated (env {ENV_EXPLORER_ADDRS})")
     p.add_argument("--regenerator-addrs", default=environ.get(ENV_REGENERATOR_ADDRS, ""),
