@@ -202,3 +202,20 @@ def test_bad_inputs_name_the_problem(tiny_dirs):
     with pytest.raises(ValueError, match="with and without a pooled"):
         Cond.cat([c, Cond(c.embeds, c.mask)])
     assert m.decode(torch.zeros(0, *m.spec.latent_shape)).shape == (0, 32, 32, 3)
+
+
+def test_evaluation_on_a_prompt_file_with_the_ocr_reward(tiny_dirs, tmp_path):
+    """A real family evaluated the way a user runs it: prompts from a file, scored by the run's reward."""
+    prompts = tmp_path / "eval.txt"
+    prompts.write_text('# held-out text prompts\nA sign that says "OPEN"\nA mug printed with "HELLO"\nunused\n')
+    cfg = apply_overrides(get_preset("sd35l-sol-rl"), TINY_RUN + [
+        f"model.path={tiny_dirs['sd3.5-large']}", "reward=ocr", f"prompts.eval={prompts}", "eval.prompts=2",
+        "eval.seeds_per_prompt=1", "eval.steps=2"]).validate()
+    sess = Session.build(cfg)
+    summary, grids = sess.evaluate()
+    assert summary["reward"] == "ocr" and summary["prompts"] == 2 and summary["n"] == 2
+    assert 0.0 <= summary["mean_reward"] <= 1.0 and "colour_accuracy" not in summary
+    assert grids[2].ndim == 3 and grids[2].dtype == np.uint8
+    # a run's prompts come from prompts.train (ocr:train), drawn uniformly and distinct
+    drawn = sess.prompt_sampler(np.random.default_rng(0), 4)
+    assert len(set(drawn)) == 4 and all(p in sess.prompts and '"' in p for p in drawn)
