@@ -263,3 +263,24 @@ def test_command_line_serves_the_saved_model(world):
         stop.set()
         runner.join(30)
     assert not runner.is_alive()
+
+
+def test_unmerged_versions_share_the_base_weights(world):
+    """A push to the bf16 regenerator allocates only the LoRA: every version runs on the same prepared base
+    tensors, and the caller's model is left as it was."""
+    from services.common.adapter_reload import HotSwapModel
+
+    hot = HotSwapModel(world.model.transformer, world.lora, PRECISION)
+    assert not hot.merges
+    v0 = hot.current().module
+    hot.load(world.payloads[1], version=1, sha256=sha256_hex(world.payloads[1]))
+    v1 = hot.current().module
+    assert v1 is not v0 and hot.current().version == 1
+    base = {p.data_ptr() for p in v0.parameters()}
+    lora = [p for n, p in v1.named_parameters() if ".lora_" in n]
+    plain = [p for n, p in v1.named_parameters() if ".lora_" not in n]
+    assert lora and all(p.data_ptr() not in base for p in lora)
+    assert len(plain) == len(base) and all(p.data_ptr() in base for p in plain)
+    assert not any(".lora_" in n for n, _ in v0.named_parameters())  # version 0 is not changed by the push
+    fresh = load_model("shapes", world.path).transformer.state_dict()
+    assert all(torch.equal(t, fresh[k]) for k, t in world.model.transformer.state_dict().items())

@@ -112,7 +112,8 @@ class HotSwapModel:
     Holds `base` (a plain, peft-free model, put in eval mode without grad; its weights are never
     modified) and the current serving copy (base with the adapter, put through the precision
     backend), so base + serving copy are resident, plus the new copy while a push builds it and any
-    old copy a call still runs on. Version 0 is the base model. `merges` says how an adapter is
+    old copy a call still runs on (unmerged: those copies share the serving base's weights and add
+    only their LoRA). Version 0 is the base model. `merges` says how an adapter is
     applied: merged and re-quantized (quantizing backends) or as unmerged LoRA layers (bf16 / fp32).
     """
 
@@ -132,12 +133,20 @@ class HotSwapModel:
         self.merges = precision.backend not in self.UNMERGED_BACKENDS
         self._cond = threading.Condition()   # guards _current; notified on every swap
         self._load_lock = threading.Lock()   # one build at a time
-        self._current = ServingCopy(self._build({}), 0, "")
+        if self.merges:
+            self._current = ServingCopy(self._build({}), 0, "")
+        else:
+            # the base through the backend, once: version 0, and the tensors every LoRA version shares
+            self._serving_base = self._backend.prepare(copy.deepcopy(self._base))
+            self._current = ServingCopy(self._serving_base, 0, "")
 
     def _build_unmerged(self, state: Mapping[str, Tensor]) -> nn.Module:
-        """A new serving copy: the base through the backend, plus `state` as peft LoRA layers (fp32, the
-        trainer's own layer type and order of operations: base(x) + s * B(A(x)))."""
-        module = self._backend.prepare(copy.deepcopy(self._base))
+        """A new serving copy: the prepared base plus `state` as peft LoRA layers (fp32, the trainer's own
+        layer type and order of operations: base(x) + s * B(A(x))). Only the module tree is copied: every
+        version shares the prepared base's parameters and buffers (never modified), so a push allocates
+        just the LoRA weights."""
+        shared = {id(t): t for t in (*self._serving_base.parameters(), *self._serving_base.buffers())}
+        module = copy.deepcopy(self._serving_base, shared)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Already found a `peft_config`")
             inject_adapter_in_model(self.lora.lora_config(), module, adapter_name=self.ADAPTER)
