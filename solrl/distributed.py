@@ -27,7 +27,7 @@ from solrl.adapters import encode_adapter
 from solrl.adapters.wire import sha256_hex
 from solrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from solrl.config import RunConfig
-from solrl.loop import Session, _save_eval, epoch_rng
+from solrl.loop import Session, _save_eval, epoch_rng, selection_contrast
 from solrl.queue import Queue
 from solrl.telemetry import MetricsWriter
 from solrl.trainer import Batch
@@ -142,7 +142,8 @@ class RemoteSession:
         group = [p for p, _ in order]
         rec.update({"rollout.reward_mean": float(rewards.mean()), "rollout.reward_std": float(rewards.std()),
                     "explore.kept_proxy_mean": float(proxy.mean()),
-                    **_agreement(proxy, rewards.reshape(len(prompts), r.kept))})
+                    **_agreement(proxy, rewards.reshape(len(prompts), r.kept)),
+                    **selection_contrast(rewards.reshape(len(prompts), r.kept), r.selection)})
 
         t0 = time.perf_counter()
         batch = Batch(x0, sess.cache([prompts[p] for p in group]), rewards, group)

@@ -159,6 +159,8 @@ class Session:
         rec["time_regenerate_s"] = time.perf_counter() - t0
         rec["rollout.reward_mean"] = float(np.mean(data_r))
         rec["rollout.reward_std"] = float(np.std(data_r))
+        if r.mode != "diffusion_nft":
+            rec.update(selection_contrast(np.asarray(data_r).reshape(len(prompts), r.kept), r.selection))
         rec["forwards_rollout_total"] = rec.get("forwards_explore", 0) + rec["forwards_regenerate"]
 
         t0 = time.perf_counter()
@@ -181,6 +183,16 @@ class Session:
             return evaluate(self.model, self.model.transformer, steps or e.steps, prompts,
                             seeds_per_prompt or e.seeds_per_prompt, e.seed, self.sampler, self._eval_scorer,
                             self.cfg.rollout.micro_batch, self.cache)
+
+
+def selection_contrast(kept_rewards: np.ndarray, selection: str) -> dict[str, float]:
+    """best_worst keeps the k/2 best by the proxy, then the k/2 worst: the BF16 rewards of each half (the
+    contrast a bigger pool or a better proxy buys). {} for other selections. kept_rewards: [P, k]."""
+    if selection != "best_worst" or kept_rewards.ndim != 2 or kept_rewards.shape[1] < 2:
+        return {}
+    h = kept_rewards.shape[1] // 2
+    return {"rollout.reward_best_half": float(kept_rewards[:, :h].mean()),
+            "rollout.reward_worst_half": float(kept_rewards[:, h:].mean())}
 
 
 def _agreement(ex, bf16_rewards: np.ndarray) -> dict[str, float]:

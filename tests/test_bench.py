@@ -110,4 +110,17 @@ def test_ablate_small(tmp_path):
     for x in r["rows"]:
         assert 0 <= x["reward_after"] <= 1 and x["rollout_s_per_epoch"] > 0 and x["kept_reward_std"] >= 0
         assert x["proxy_kendall_tau"] is None or -1 <= x["proxy_kendall_tau"] <= 1
+        assert 0 <= x["worst_half_reward"] <= 1 and 0 <= x["best_half_reward"] <= 1
+        # equal halves: the kept mean is the mean of the halves' means
+        assert x["kept_reward_mean"] == pytest.approx((x["best_half_reward"] + x["worst_half_reward"]) / 2, abs=1e-6)
     assert len({x["reward_before"] for x in r["rows"]}) == 1
+    assert "best half / worst half" in (tmp_path / "ablate.md").read_text()
+
+
+def test_selection_contrast():
+    from solrl.loop import selection_contrast
+
+    kept = np.array([[0.9, 0.7, 0.1, 0.3], [0.5, 0.6, 0.2, 0.0]])  # per prompt: the proxy's best 2, then worst 2
+    assert selection_contrast(kept, "best_worst") == pytest.approx(
+        {"rollout.reward_best_half": 0.675, "rollout.reward_worst_half": 0.15})
+    assert selection_contrast(kept, "random") == {}
