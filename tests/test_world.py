@@ -10,8 +10,19 @@ import pytest
 from solrl.rewards import available_rewards, build_reward
 from solrl.rewards.shapes import ShapesReward, detect, score_spec
 from solrl.world.shapes import (
-    COLORS, POSITIONS, RELATIONS, SHAPES, ObjectSpec, PromptError, Spec, all_specs,
-    is_heldout, parse, random_spec, render, split_prompts,
+    COLORS,
+    POSITIONS,
+    RELATIONS,
+    SHAPES,
+    ObjectSpec,
+    PromptError,
+    Spec,
+    all_specs,
+    is_heldout,
+    parse,
+    random_spec,
+    render,
+    split_prompts,
 )
 
 
