@@ -6,10 +6,9 @@ import argparse
 import importlib
 import json
 import sys
-import time
 from pathlib import Path
 
-from solrl.config import PRESETS, ConfigError, RunConfig, apply_overrides, resolve
+from solrl.config import PRESETS, ConfigError, resolve, resolve_run
 
 
 def _steps(text: str) -> tuple[int, ...]:
@@ -28,16 +27,9 @@ def cmd_train(a: argparse.Namespace) -> int:
     overrides = list(a.set or [])
     if a.epochs is not None:
         overrides.append(f"epochs={a.epochs}")
-    if a.resume:
-        run_dir = Path(a.resume)
-        if not (run_dir / "config.json").exists():
-            raise ConfigError(f"--resume {run_dir}: no config.json there (not a run directory)")
-        cfg = apply_overrides(RunConfig.load(run_dir / "config.json"), overrides).validate()
-    else:
-        cfg = resolve(a.preset, a.config, overrides)
-        run_dir = Path(a.out) if a.out else Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        if (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
-            raise ConfigError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
+    cfg, run_dir = resolve_run(a.preset, a.config, overrides, a.out, a.resume)
+    if not a.resume and (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
+        raise ConfigError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
     print(f"solrl train: {cfg.name} ({cfg.rollout.mode}), {cfg.epochs} epochs -> {run_dir}")
     s = train(cfg, run_dir, resume=bool(a.resume), progress=not a.no_progress)
     print(json.dumps({k: s[k] for k in ("eval_before", "eval_after", "wall_time_s", "mean_epoch_times_s",

@@ -58,7 +58,7 @@ def eval_prompt_set(name: str, n: int) -> list[str]:
     if n <= 0:
         raise ValueError(f"the number of evaluation prompts must be positive, got {n}")
     if is_shapes_set(name):
-        return eval_prompts(n, None if name.strip() == "shapes:held-out" else load_prompt_set(name))
+        return eval_prompts(n, load_prompt_set(name))
     return load_prompt_set(name)[:n]
 
 

@@ -57,14 +57,11 @@ class Session:
     scorer: Any
     sampler: SamplerSpec
     cache: PromptCache
-    prompts: list[str]
+    prompts: list[str]           # prompts.train
+    prompt_sampler: Any          # draws an epoch's prompts from them
+    eval_prompts: list[str]      # the first eval.prompts of prompts.eval
     version: int = 0
-    prompt_sampler: Any = None
-    _eval_scorer: Any = None
-
-    def __post_init__(self) -> None:
-        if self.prompt_sampler is None:
-            self.prompt_sampler = prompt_sampler(self.cfg.prompts.train, self.prompts)
+    _eval_scorer: Any = None     # built on the first evaluation
 
     @classmethod
     def build(cls, cfg: RunConfig, local_explorer: bool = True) -> "Session":
@@ -90,13 +87,13 @@ class Session:
         explorer = None
         if local_explorer and cfg.rollout.mode in ("sol_rl", "naive_quant"):
             explorer = InferenceCopy(adapters, cfg.rollout.explore_precision, spec.quant_skip, spec.quant_min_features)
-        try:
+        try:  # read once; a bad eval set fails now, not after epoch 1
             prompts = load_prompt_set(cfg.prompts.train)
-            eval_prompt_set(cfg.prompts.eval, cfg.eval.prompts)   # a bad eval set fails now, not after epoch 1
+            eval_prompts = eval_prompt_set(cfg.prompts.eval, cfg.eval.prompts)
         except PromptSetError as exc:
             raise ConfigError(f"prompts: {exc}") from None
         return cls(cfg, model, adapters, trainer, explorer, build_reward(cfg.reward), sampler,
-                   PromptCache(model), prompts)
+                   PromptCache(model), prompts, prompt_sampler(cfg.prompts.train, prompts), eval_prompts)
 
     # ---------------------------------------------------------------- one epoch
     def sync(self) -> float:
@@ -178,7 +175,8 @@ class Session:
         e = self.cfg.eval
         if self._eval_scorer is None:
             self._eval_scorer = eval_scorer(self.cfg, self.scorer)
-        prompts = eval_prompt_set(self.cfg.prompts.eval, n_prompts or e.prompts)
+        prompts = (self.eval_prompts if not n_prompts or n_prompts == e.prompts
+                   else eval_prompt_set(self.cfg.prompts.eval, n_prompts))
         with self.adapters.use("ema"):
             return evaluate(self.model, self.model.transformer, steps or e.steps, prompts,
                             seeds_per_prompt or e.seeds_per_prompt, e.seed, self.sampler, self._eval_scorer,

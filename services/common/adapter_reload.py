@@ -117,7 +117,6 @@ class HotSwapModel:
     applied: merged and re-quantized (quantizing backends) or as unmerged LoRA layers (bf16 / fp32).
     """
 
-    UNMERGED_BACKENDS = ("bf16", "fp32")
     ADAPTER = "served"   # the peft adapter name of an unmerged LoRA
 
     def __init__(self, base: nn.Module, lora: LoraSpec, precision: PrecisionConfig) -> None:
@@ -130,7 +129,7 @@ class HotSwapModel:
         self.layout = lora_layout(self._base, lora)
         self._base_weights = target_weights(self._base, lora)
         self._backend = build_backend(precision)
-        self.merges = precision.backend not in self.UNMERGED_BACKENDS
+        self.merges = self._backend.quantizes
         self._cond = threading.Condition()   # guards _current; notified on every swap
         self._load_lock = threading.Lock()   # one build at a time
         if self.merges:

@@ -128,6 +128,9 @@ class PrecisionBackend:
     """
 
     name: ClassVar[str]
+    # True when selected Linears hold quantized weights (an adapter must be merged and re-quantized);
+    # False for the reference backends, whose layers can carry an unmerged LoRA
+    quantizes: ClassVar[bool] = False
 
     def __init__(self, cfg: PrecisionConfig) -> None:
         if not isinstance(cfg, PrecisionConfig):

@@ -228,6 +228,7 @@ class _EmulatedBackend(Bf16Backend):
     """
 
     layer_cls: ClassVar[type[EmuQuantLinear]]
+    quantizes = True
 
     def selected_layers(self, model: nn.Module) -> list[str]:
         """nn.Linear names kept by skip / min_features whose in_features fits the block."""

@@ -161,6 +161,7 @@ class TransformerEngineBackend(Bf16Backend):
     min_capability: ClassVar[tuple[int, int]]
     recipe: ClassVar[str]  # transformer_engine.common.recipe class the conversion uses
     block_size: ClassVar[int] = 16  # TE's FP8/FP4 GEMMs want dimensions that are multiples of 16
+    quantizes = True
 
     def selected_layers(self, model: nn.Module) -> list[str]:
         """nn.Linear names kept by skip / min_features whose in and out features are multiples of 16."""
