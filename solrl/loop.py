@@ -25,7 +25,12 @@ from tqdm import tqdm
 
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter
 from solrl.algo import select
-from solrl.checkpoint import latest_checkpoint, load_adapters, load_checkpoint, save_checkpoint
+from solrl.checkpoint import (
+    latest_checkpoint,
+    load_adapters,
+    load_checkpoint,
+    save_checkpoint,
+)
 from solrl.config import ConfigError, RunConfig
 from solrl.evaluate import eval_prompt_set, eval_scorer, evaluate
 from solrl.models import load_model

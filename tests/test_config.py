@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from solrl.cli import main
-from solrl.config import PRESETS, ConfigError, RunConfig, apply_overrides, get_preset, resolve
+from solrl.config import (
+    PRESETS,
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    get_preset,
+    resolve,
+)
 
 
 def test_presets_are_valid_and_differ_in_mode():
