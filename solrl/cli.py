@@ -47,6 +47,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
     out = Path(a.out)
     if a.checkpoint == "base":
+        if a.epoch is not None:
+            raise ConfigError("--epoch needs --checkpoint RUN_DIR (a training run's directory)")
         name = a.preset if a.preset in PRESETS else "shapes-sol-rl"
         if a.preset not in PRESETS and a.preset != "shapes":
             raise ConfigError(f"unknown preset {a.preset!r}; use 'shapes' or one of {sorted(PRESETS)}")
@@ -54,9 +56,10 @@ def cmd_eval(a: argparse.Namespace) -> int:
         sess = Session.build(cfg)
         extra = {"checkpoint": "base", "model": cfg.model.name}
     else:
-        sess = load_run_for_eval(Path(a.checkpoint))
+        sess = load_run_for_eval(Path(a.checkpoint), a.epoch, list(a.set or []))
         cfg = sess.cfg
-        extra = {"checkpoint": str(a.checkpoint), "adapter": "ema", "model": cfg.model.name}
+        extra = {"checkpoint": str(a.checkpoint), "adapter": "ema", "model": cfg.model.name,
+                 "epoch": a.epoch if a.epoch is not None else "latest"}
     summary, grids = sess.evaluate(tuple(a.steps) if a.steps else None, a.prompts, a.seeds_per_prompt)
     extra["prompt_set"] = cfg.prompts.eval
     write_eval(out, summary, grids, extra)
@@ -77,7 +80,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
         torch.set_num_threads(a.threads)
     cfg = PretrainConfig(steps=a.steps, batch_size=a.batch_size, seed=a.seed, init_from=a.init_from,
                          **({"lr": a.lr} if a.lr else {}), **({"warmup": a.warmup} if a.warmup is not None else {}),
-                         ema_decay=a.ema_decay, t_sampling=a.t_sampling,
+                         ema_decay=a.ema_decay, t_sampling=a.t_sampling, eval_every=a.eval_every, layers=a.layers, heads=a.heads, patch=a.patch,
                          **({"min_lr_ratio": a.min_lr_ratio} if a.min_lr_ratio is not None else {}))
     if cfg.steps <= 0 or cfg.batch_size <= 0:
         raise ConfigError("--steps and --batch-size must be positive")
@@ -108,6 +111,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         kw["steps"] = a.steps
     if a.reward:
         kw["reward"] = a.reward
+    if a.repeats:
+        kw["repeats"] = a.repeats
     try:
         result = run_bench(a.name, Path(a.out), small=a.small, **kw)
     except ValueError as exc:
@@ -205,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="held-out exact-reward evaluation")
     e.add_argument("--preset", default="shapes")
     e.add_argument("--checkpoint", default="base", help="'base' or a run directory (its EMA adapter)")
+    e.add_argument("--epoch", type=int, default=None,
+                   help="with a run directory: the checkpoint after this epoch (default: the latest; 0: before training)")
     e.add_argument("--out", required=True)
     e.add_argument("--steps", type=_steps, default=None, help="comma-separated step counts, e.g. 10,40")
     e.add_argument("--prompts", type=int, default=None)
@@ -226,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--min-lr-ratio", type=float, default=None, help="cosine floor as a share of --lr")
     sp.add_argument("--ema-decay", type=float, default=0.0, help="save an EMA of the weights (e.g. 0.999)")
     sp.add_argument("--t-sampling", choices=["uniform", "logit_normal"], default="uniform")
+    sp.add_argument("--layers", type=int, default=8, help="transformer blocks of a fresh model")
+    sp.add_argument("--heads", type=int, default=6, help="attention heads (width 32 each) of a fresh model")
+    sp.add_argument("--patch", type=int, default=4, help="patch size of a fresh model")
+    sp.add_argument("--eval-every", type=int, default=500,
+                    help="score the saved weights on held-out and training prompts every N steps (0: never); "
+                         "OUT/eval.jsonl")
     sp.add_argument("--no-progress", action="store_true")
     sp.set_defaults(fn=cmd_pretrain)
 
@@ -245,7 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--precisions", default=None,
                    help="ranking: comma-separated proxy precisions; NAME@2/6 limits one to those explore steps")
     b.add_argument("--steps", type=_steps, default=None, help="ranking: comma-separated explore steps")
-    b.add_argument("--reward", default=None, help="curve: train and evaluate on this reward (default: shapes)")
+    b.add_argument("--reward", default=None, help="curve: train on this reward (default: shapes); shapes-world rewards "
+                                                  "are evaluated with the exact shapes reward")
+    b.add_argument("--repeats", type=int, default=None, help="curve: training runs (run seeds) per mode (default 3)")
     b.set_defaults(fn=cmd_bench)
 
     sv = sub.add_parser("serve", help="run one service role (what containers run)")

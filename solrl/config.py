@@ -141,6 +141,10 @@ class RunConfig:
         for name in ("lr", "micro_batch", "optimizer_steps_per_epoch", "beta", "adv_clip_max", "max_grad_norm"):
             if getattr(t, name) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
+        if t.optimizer_steps_per_epoch > r.prompts_per_epoch:
+            raise ConfigError(f"train.optimizer_steps_per_epoch={t.optimizer_steps_per_epoch} exceeds "
+                              f"rollout.prompts_per_epoch={r.prompts_per_epoch}: each optimizer step trains on whole "
+                              f"prompt groups, so an epoch has at most one step per prompt")
         if self.lora.rank <= 0 or self.lora.alpha <= 0:
             raise ConfigError("lora.rank and lora.alpha must be positive")
         if self.eval.prompts <= 0 or self.eval.seeds_per_prompt <= 0 or self.eval.every < 0:

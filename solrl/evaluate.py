@@ -80,6 +80,15 @@ def _score(scorer: Scorer, images: np.ndarray, prompts: list[str]) -> tuple[np.n
             vals = [d[a] for d in detail if not math.isnan(d[a])]
             extra[f"{a}_accuracy"] = float(np.mean(vals)) if vals else None
         extra["exact_match"] = float(np.mean(totals >= 0.999))
+        # the dense training reward on the same images, and how it ranks them against the exact one
+        from scipy.stats import spearmanr
+
+        from solrl.rewards.shapes_dense import ShapesDenseReward
+
+        dense = ShapesDenseReward()(images, prompts).astype(np.float64)
+        extra["dense_mean"] = float(dense.mean())
+        rho = spearmanr(dense, totals).statistic if len(totals) > 2 and np.ptp(totals) > 0 else float("nan")
+        extra["dense_spearman"] = None if np.isnan(rho) else float(rho)
         forms: dict[str, list[float]] = {}
         for p, t in zip(prompts, totals):
             s = parse(p)
@@ -121,7 +130,8 @@ def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], pr
     summary = {"mean_reward": first["mean_reward"], "n": first["n"], "steps": list(steps),
                "reward": getattr(reward, "name", type(reward).__name__),
                "prompts": len(prompts), "seeds_per_prompt": seeds_per_prompt,
-               **{k: v for k, v in first.items() if k.endswith("_accuracy")}, "results": results}
+               **{k: v for k, v in first.items() if k.endswith("_accuracy") or k in ("exact_match", "dense_mean", "dense_spearman")},
+               "results": results}
     return summary, grids
 
 

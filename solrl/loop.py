@@ -242,7 +242,8 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     if start == 0:
         base_eval, grids = sess.evaluate()
         _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
-        writer.write({"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0})
+        writer.write({"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0,
+                      **{f"eval.{k}": v for k, v in base_eval.items() if k.endswith("_accuracy") or k == "exact_match"}})
         log(f"held-out reward before training (EMA = base): {base_eval['mean_reward']:.4f}")
     bar = tqdm(range(start, cfg.epochs), desc=cfg.name, disable=not progress, unit="epoch")
     for e in bar:
@@ -253,7 +254,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
             ev, grids = sess.evaluate()
             _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
             rec.update({"eval.mean_reward": ev["mean_reward"],
-                        **{f"eval.{k}": v for k, v in ev.items() if k.endswith("_accuracy")}})
+                        **{f"eval.{k}": v for k, v in ev.items() if k.endswith("_accuracy") or k == "exact_match"}})
         writer.write(rec)
         if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):
             save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version)
@@ -290,14 +291,32 @@ def _save_eval(out: Path, ev: dict[str, Any], grids: dict[int, np.ndarray], writ
         writer.add_image(f"eval/grid_{n}steps", g, step)
 
 
-def load_run_for_eval(run_dir: Path) -> Session:
-    """A session with the run's config and its latest checkpoint's adapters (for `solrl eval`)."""
+def load_run_for_eval(run_dir: Path, epoch: int | None = None, overrides: list[str] | None = None) -> Session:
+    """A session with the run's config and the adapters of its checkpoint after `epoch` (default: the
+    latest; 0: the untrained adapters, i.e. the base model), for `solrl eval`. `overrides` change the
+    evaluation settings (e.g. eval.reward, prompts.eval)."""
+    from solrl.config import apply_overrides
+
     cfg = RunConfig.load(run_dir / "config.json")
-    ckpt = run_dir if (run_dir / "adapters.safetensors").exists() else latest_checkpoint(run_dir)
-    if ckpt is None:
-        raise FileNotFoundError(f"no checkpoint found in {run_dir}")
+    if overrides:
+        cfg = apply_overrides(cfg, overrides).validate()
+    if epoch is None:
+        ckpt = run_dir if (run_dir / "adapters.safetensors").exists() else latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise FileNotFoundError(f"no checkpoint found in {run_dir}")
+    elif epoch < 0:
+        raise ValueError(f"--epoch must be >= 0, got {epoch}")
+    elif epoch == 0:
+        ckpt = None
+    else:
+        ckpt = run_dir / "checkpoints" / f"epoch_{epoch:04d}"
+        if not (ckpt / "adapters.safetensors").exists():
+            saved = sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("epoch_[0-9]*")
+                           if (p / "adapters.safetensors").exists()) if (run_dir / "checkpoints").is_dir() else []
+            raise FileNotFoundError(f"{run_dir} has no checkpoint of epoch {epoch}; saved epochs: {saved or 'none'}")
     sess = Session.build(cfg)
-    load_adapters(ckpt, sess.adapters)
+    if ckpt is not None:
+        load_adapters(ckpt, sess.adapters)
     return sess
 
 

@@ -42,25 +42,58 @@ class NFTTrainer:
     def old_decay(self, step: int) -> float:
         return min(self.cfg.old_decay_rate * step, self.cfg.old_decay_cap)
 
+    def plan(self, group: list[int], generator: torch.Generator) -> list[list[torch.Tensor]]:
+        """Sample order of one epoch: optimizer steps -> micro-batches -> sample indices.
+
+        Prompt groups are kept whole: groups come in a random order (members shuffled within each),
+        each optimizer step takes a contiguous run of whole groups, and micro-batches cut that step's
+        samples. So every step's advantages are centred on its own prompts, as they are with the
+        reference's single step per epoch. Asking for more steps than there are groups is an error.
+        """
+        steps = self.cfg.optimizer_steps_per_epoch
+        members: dict[int, list[int]] = {}
+        for i, g in enumerate(group):
+            members.setdefault(int(g), []).append(i)
+        if steps > len(members):
+            raise ValueError(
+                f"train.optimizer_steps_per_epoch={steps} exceeds the {len(members)} prompt groups of this epoch: "
+                f"each optimizer step trains on whole prompt groups; use at most {len(members)} steps or more "
+                f"prompts per epoch (rollout.prompts_per_epoch)")
+        keys = list(members)
+        ordered = []
+        for k in torch.randperm(len(keys), generator=generator).tolist():
+            idx = members[keys[k]]
+            ordered.append([idx[j] for j in torch.randperm(len(idx), generator=generator).tolist()])
+        out = []
+        for chunk in np.array_split(np.arange(len(ordered)), steps):
+            flat = torch.tensor([i for c in chunk for i in ordered[c]], dtype=torch.long)
+            out.append(list(flat.split(self.cfg.micro_batch)))
+        return out
+
+    def timestep_plan(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """[n, K] grid indices: each sample's first K entries of its own permutation of the rollout grid
+        (K = int(grid * timestep_fraction), at least 1), as the reference permutes timesteps per sample."""
+        k = len(timestep_indices(len(self.grid), self.cfg.timestep_fraction, None))
+        return torch.stack([torch.randperm(len(self.grid), generator=generator)[:k] for _ in range(n)])
+
     def update(self, batch: Batch, generator: torch.Generator) -> dict[str, float]:
-        """Advantages -> DiffusionNFT loss over random timesteps -> optimizer step(s) -> old / EMA decay."""
+        """Advantages -> DiffusionNFT loss over per-sample random timesteps -> optimizer step(s) (EMA after
+        each) -> the old adapter decayed once, at the end of the epoch (as the reference)."""
         cfg = self.cfg
         adv = compute_advantages(torch.from_numpy(batch.rewards).double(), batch.group).float()
         n = batch.x0.shape[0]
-        order = torch.randperm(n, generator=generator)
-        micro = [order[i: i + cfg.micro_batch] for i in range(0, n, cfg.micro_batch)]
-        groups = np.array_split(np.arange(len(micro)), min(cfg.optimizer_steps_per_epoch, len(micro)))
+        steps = self.plan(batch.group, generator)
+        ts_all = self.timestep_plan(n, generator)
         sums: dict[str, float] = {}
         count = 0
         grad_norms = []
-        for g in groups:
+        for micro in steps:
             self.opt.zero_grad(set_to_none=True)
-            plan = [(micro[i], timestep_indices(len(self.grid), cfg.timestep_fraction, generator)) for i in g]
-            denom = sum(len(ts) for _, ts in plan)
-            for idx, ts in plan:
+            denom = sum(len(idx) for idx in micro) * ts_all.shape[1]
+            for idx in micro:
                 x0, cond, a = batch.x0[idx], batch.cond.index(idx), adv[idx]
-                for j in ts:
-                    t = self.grid[j].expand(len(idx))
+                for j in range(ts_all.shape[1]):
+                    t = self.grid[ts_all[idx, j]]
                     noise = torch.randn(x0.shape, generator=generator)
                     tb = t[:, None, None, None]
                     xt = (1 - tb) * x0 + tb * noise
@@ -75,7 +108,9 @@ class NFTTrainer:
                     with self.adapters.use("default"):
                         v = self.model.velocity(self.model.transformer, xt, t, cond)
                     loss, stats = nft_loss(x0, xt, t, v, v_old, v_ref, a, self.nft)
-                    (loss / denom).backward()
+                    # each micro-batch's mean loss weighted by its size: the step's gradient is the mean
+                    # over its samples and timesteps, however the last micro-batch is cut
+                    (loss * (len(idx) / denom)).backward()
                     for k, val in stats.items():
                         sums[k] = sums.get(k, 0.0) + float(val)
                     count += 1
@@ -83,12 +118,10 @@ class NFTTrainer:
             grad_norms.append(float(gn))
             self.opt.step()
             self.global_step += 1
-            with torch.no_grad():
-                lerp_params_(self.adapters.parameters("old"), self.params, self.old_decay(self.global_step))
-                lerp_params_(self.adapters.parameters("ema"), self.params,
-                             ema_decay(self.global_step, cfg.ema_decay))
+            lerp_params_(self.adapters.parameters("ema"), self.params, ema_decay(self.global_step, cfg.ema_decay))
+        lerp_params_(self.adapters.parameters("old"), self.params, self.old_decay(self.global_step))
         out = {f"train.{k}": v / max(count, 1) for k, v in sums.items()}
         out.update({"train.grad_norm": float(np.mean(grad_norms)), "train.global_step": self.global_step,
                     "train.lr": self.opt.param_groups[0]["lr"], "train.advantage_abs_mean": float(adv.abs().mean()),
-                    "train.samples": n, "train.timestep_evals": count})
+                    "train.samples": n, "train.timestep_evals": count, "train.optimizer_steps": len(steps)})
         return out

@@ -78,18 +78,32 @@ def test_bench_rejects_unknown_names_and_options(tmp_path, capsys):
 @pytest.mark.slow
 def test_curve_small(tmp_path):
     r = run_bench("curve", tmp_path, small=True)
-    assert set(r["curves"]) == {"sol_rl", "diffusion_nft", "naive_scaling", "naive_quant"}
-    befores = {c["points"][0]["reward"] for c in r["curves"].values()}
-    assert len(befores) == 1  # the same base model and eval seeds before training, whatever the mode
-    for c in r["curves"].values():
-        walls = [p["wall_s"] for p in c["points"]]
-        assert walls == sorted(walls) and walls[-1] > 0 and 0 <= c["final_reward"] <= 1
-        assert [p["epoch"] for p in c["points"]] == [0, 1, 2]
-    assert r["nft_final_reward"] == r["curves"]["diffusion_nft"]["final_reward"]
-    assert (tmp_path / "curve.png").stat().st_size > 1000 and (tmp_path / "curve.md").exists()
-    for c in r["curves"].values():
-        e = c["epochs_to_nft_final"]
-        assert (e is None) == (c["wall_s_to_nft_final"] is None) and (e is None or 1 <= e <= 2)
+    assert set(r["modes"]) == {"sol_rl", "diffusion_nft", "naive_scaling", "naive_quant"} and r["repeats"] == 2
+    befores = {run["points"][0]["reward"] for m in r["modes"].values() for run in m["runs"]}
+    assert len(befores) == 1  # the same base model and eval seeds before training, whatever the mode or run seed
+    for m in r["modes"].values():
+        assert [row["epoch"] for row in m["epochs"]] == [0, 1, 2]
+        assert m["before"]["reward_ci95"] == 0.0  # identical before training -> an interval of zero width
+        for row in m["epochs"]:
+            assert row["reward_mean"] == pytest.approx(np.mean(row["rewards"]))
+        costs = [row["cost_bf16_fwd"] for row in m["epochs"]]
+        assert costs[0] == 0 and costs == sorted(costs) and costs[-1] > 0
+        assert (m["epochs_to_nft_final"] is None) == (m["cost_to_nft_final"] is None)
+    assert r["modes"]["diffusion_nft"]["epochs_to_nft_final"] is not None
+    # FP4 exploration is costed at 1/4: sol_rl's rollouts cost less than naive_scaling's all-BF16 pool
+    assert r["modes"]["sol_rl"]["cost_per_epoch"] < r["modes"]["naive_scaling"]["cost_per_epoch"]
+    assert len(r["claims"]) == 3 and all("->" in c for c in r["claims"])
+    assert (tmp_path / "curve.png").stat().st_size > 1000
+    assert "95%" in (tmp_path / "curve.md").read_text()
+
+
+def test_curve_interval_and_cost_model():
+    from solrl.bench.curve import forward_cost, interval
+
+    mean, half = interval([0.5, 0.6, 0.7])
+    assert mean == pytest.approx(0.6) and half == pytest.approx(4.302653 * 0.1 / np.sqrt(3), rel=1e-5)
+    assert np.isnan(interval([0.5])[1])
+    assert (forward_cost("nvfp4-emu"), forward_cost("fp8-e4m3-emu"), forward_cost("bf16")) == (0.25, 0.5, 1.0)
 
 
 def test_curve_on_another_reward(tmp_path):
@@ -97,7 +111,7 @@ def test_curve_on_another_reward(tmp_path):
                  "--out", str(tmp_path)]) == 0
     r = json.loads((tmp_path / "curve-jpeg_compressibility.json").read_text())
     assert r["reward"] == "jpeg_compressibility" and "eval.reward=jpeg_compressibility" in r["settings"]
-    assert all(p["reward"] < 0 for c in r["curves"].values() for p in c["points"])  # -(JPEG KiB)
+    assert all(p["reward"] < 0 for m in r["modes"].values() for run in m["runs"] for p in run["points"])  # -(JPEG KiB)
     assert (tmp_path / "curve-jpeg_compressibility.png").exists()
     assert not (tmp_path / "curve.json").exists()
 

@@ -46,7 +46,7 @@ TINY = ["reward=jpeg_compressibility", "rollout.prompts_per_epoch=2", "rollout.p
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("rand_shapes")
-    ShapesModel.random(seed=0).save(d)
+    ShapesModel.random(seed=0, layers=6, heads=4).save(d)
     return d
 
 

@@ -47,7 +47,7 @@ def test_sigkilled_explorer_job_is_reclaimed_and_delivered_exactly_once(tmp_path
     except redis.ConnectionError:
         pytest.skip("no Redis at 127.0.0.1:6379")
     model_dir = tmp_path / "model"
-    ShapesModel.random(seed=0).save(model_dir)
+    ShapesModel.random(seed=0, layers=6, heads=4).save(model_dir)
     ns = f"solrl-test-faults-{uuid.uuid4().hex[:8]}"
     queue = build_queue(REDIS_URL, QueueConfig(namespace=ns, claim_idle_ms=1500))
     ensure_pipeline(queue)
@@ -106,7 +106,7 @@ def train_cmd(model_dir: Path, out: Path, resume: bool = False) -> list[str]:
 @pytest.mark.slow
 def test_sigkilled_trainer_resumes_to_the_same_adapter_bytes(tmp_path):
     model_dir = tmp_path / "model"
-    ShapesModel.random(seed=0).save(model_dir)
+    ShapesModel.random(seed=0, layers=6, heads=4).save(model_dir)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     full, part = tmp_path / "full", tmp_path / "part"
     subprocess.run(train_cmd(model_dir, full), cwd=ROOT, env=env, check=True, capture_output=True, timeout=300)
@@ -207,7 +207,7 @@ def own_redis(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dist_model(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("dist_model")
-    ShapesModel.random(seed=0).save(d)
+    ShapesModel.random(seed=0, layers=6, heads=4).save(d)
     return d
 
 

@@ -25,7 +25,7 @@ TINY = ["reward=jpeg_compressibility", "rollout.prompts_per_epoch=2", "rollout.p
 def random_model_dir(tmp_path_factory) -> Path:
     """A seeded random shapes model: the loop's mechanics do not need trained weights."""
     d = tmp_path_factory.mktemp("rand_shapes")
-    ShapesModel.random(seed=0).save(d)
+    ShapesModel.random(seed=0, layers=6, heads=4).save(d)
     return d
 
 
@@ -156,3 +156,21 @@ def test_cli_train_then_eval_of_the_run(random_model_dir, tmp_path, capsys):
     ev = json.loads((out / "eval.json").read_text())
     assert ev["checkpoint"] == str(run) and ev["adapter"] == "ema" and ev["n"] == 2
     assert 0.0 <= ev["mean_reward"] <= 1.0 and (out / "grid_2steps.png").exists()
+    # any saved epoch, not only the latest: 0 is the untrained adapter, a missing one names what is saved
+    from safetensors.torch import load_file
+
+    from solrl.loop import load_run_for_eval
+
+    saved = load_file(str(run / "checkpoints" / "epoch_0001" / "adapters.safetensors"))
+    ema1 = load_run_for_eval(run, 1).adapters.state_dict("ema")
+    ema0 = load_run_for_eval(run, 0).adapters.state_dict("ema")
+    assert all(torch.equal(v, saved[f"ema/{k}"]) for k, v in ema1.items())
+    assert any(not torch.equal(v, ema0[k]) for k, v in ema1.items())
+    assert main(["eval", "--checkpoint", str(run), "--epoch", "0", "--out", str(tmp_path / "e0"), "--steps", "2",
+                 "--prompts", "2", "--set", "eval.reward=shapes"]) == 0
+    ev0 = json.loads((tmp_path / "e0" / "eval.json").read_text())
+    assert ev0["epoch"] == 0 and ev0["reward"] == "shapes" and "shape_accuracy" in ev0
+    assert main(["eval", "--checkpoint", str(run), "--epoch", "7", "--out", str(tmp_path / "e7")]) == 2
+    assert "no checkpoint of epoch 7; saved epochs: [1]" in capsys.readouterr().err
+    assert main(["eval", "--epoch", "1", "--out", str(tmp_path / "e1")]) == 2
+    assert "--epoch needs --checkpoint RUN_DIR" in capsys.readouterr().err

@@ -19,9 +19,11 @@ def _params(model) -> torch.Tensor:
 
 def test_pretrain_steps_save_loadable_checkpoints_and_ema(tmp_path):
     torch.set_num_threads(1)
-    raw = pretrain(PretrainConfig(steps=4, batch_size=4, save_every=2, seed=3), tmp_path / "raw", progress=False)
+    small = dict(layers=2, heads=2, eval_every=0)
+    raw = pretrain(PretrainConfig(steps=4, batch_size=4, save_every=2, seed=3, **small), tmp_path / "raw",
+                   progress=False)
     ema = pretrain(PretrainConfig(steps=4, batch_size=4, save_every=2, seed=3, ema_decay=0.5,
-                                  t_sampling="logit_normal"), tmp_path / "ema", progress=False)
+                                  t_sampling="logit_normal", **small), tmp_path / "ema", progress=False)
     logs = [json.loads(x) for x in (tmp_path / "raw" / "loss.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logs] == [1, 2, 3, 4] and all(r["loss"] > 0 for r in logs)
     for run in ("raw", "ema"):
@@ -34,8 +36,34 @@ def test_pretrain_steps_save_loadable_checkpoints_and_ema(tmp_path):
     assert torch.equal(_params(load_model("shapes", tmp_path / "ema" / "step_00004")), _params(ema))
     assert not torch.equal(_params(raw), _params(ema))
     # same seed -> same run (fixed-seed CPU pretraining is reproducible)
-    again = pretrain(PretrainConfig(steps=4, batch_size=4, save_every=4, seed=3), tmp_path / "again", progress=False)
+    again = pretrain(PretrainConfig(steps=4, batch_size=4, save_every=4, seed=3, **small), tmp_path / "again",
+                     progress=False)
     assert torch.equal(_params(again), _params(raw))
+
+
+def test_pretrain_tracks_the_exact_reward_on_both_splits(tmp_path):
+    torch.set_num_threads(1)
+    cfg = PretrainConfig(steps=3, batch_size=2, save_every=3, seed=1, layers=1, heads=2, eval_every=2,
+                         eval_prompts=3, eval_steps=2)
+    pretrain(cfg, tmp_path, progress=False)
+    recs = [json.loads(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [2, 3]  # every eval_every steps and at the end
+    for r in recs:
+        for split in ("heldout", "train"):
+            assert set(r[split]) >= {"mean_reward", "shape_accuracy", "exact_match"}
+            assert 0.0 <= r[split]["mean_reward"] <= 1.0
+
+
+def test_ema_warms_up():
+    """d_n = min(decay, (1 + n) / (10 + n)): the first update keeps only 10% of the initial weights."""
+    from solrl.models.shapes_pretrain import _warm_ema
+
+    update = _warm_ema(0.999)
+    ema, new, ids = torch.zeros(3), torch.ones(3), torch.tensor([1, 2])
+    update([ema, ids], [new, torch.tensor([5, 6])], torch.tensor(0))
+    assert torch.allclose(ema, torch.full((3,), 0.9)) and ids.tolist() == [5, 6]
+    update([ema], [torch.zeros(3)], torch.tensor(10_000))
+    assert torch.allclose(ema, torch.full((3,), 0.9 * 0.999))
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():

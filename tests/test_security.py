@@ -123,7 +123,7 @@ def test_tokens_are_compared_in_constant_time():
 def test_model_weights_as_pickle_are_refused_without_unpickling(tmp_path):
     """A model directory whose weights are pickles (.bin) is refused; the pickle never runs."""
     good = tmp_path / "good"
-    ShapesModel.random(seed=0).save(good)
+    ShapesModel.random(seed=0, layers=6, heads=4).save(good)
     bad, marker = tmp_path / "bad", tmp_path / "pickle-ran"
     for part, name in (("transformer", "diffusion_pytorch_model.bin"), ("text_encoder", "pytorch_model.bin")):
         (bad / part).mkdir(parents=True)
@@ -138,7 +138,7 @@ def test_model_weights_as_pickle_are_refused_without_unpickling(tmp_path):
 def test_a_checkpoint_that_is_a_pickle_is_refused_without_unpickling(tmp_path):
     import pickle  # only to build the hostile file
 
-    model = ShapesModel.random(seed=0)
+    model = ShapesModel.random(seed=0, layers=6, heads=4)
     spec = LoraSpec(rank=2, alpha=4.0, target_modules=model.spec.lora_targets)
     adapters = LoraAdapters(model.transformer, spec, seed=0)
     opt = torch.optim.AdamW(list(adapters.parameters("default")), lr=1e-3)
@@ -181,7 +181,7 @@ def test_grpc_requests_over_the_size_limit_are_resource_exhausted():
 
 
 def test_oversized_and_hostile_grpc_adapter_pushes_are_refused():
-    model = ShapesModel.random(seed=0)
+    model = ShapesModel.random(seed=0, layers=6, heads=4)
     spec = LoraSpec(rank=2, alpha=4.0, target_modules=model.spec.lora_targets)
     hot = HotSwapModel(copy.deepcopy(model.transformer), spec, PrecisionConfig("fp32"))
     endpoint = AdapterEndpoint(hot, token=TOKEN, max_bytes=4096)
@@ -241,7 +241,7 @@ def test_explorer_binds_where_told_and_never_shows_its_token(tmp_path):
     good, bad and oversized pushes over HTTP and gRPC; the token appears in no log line, response,
     metric or command line."""
     model_dir = tmp_path / "model"
-    model = ShapesModel.random(seed=0)
+    model = ShapesModel.random(seed=0, layers=6, heads=4)
     model.save(model_dir)
     spec = LoraSpec(rank=2, alpha=4.0, target_modules=model.spec.lora_targets)
     adapters = LoraAdapters(copy.deepcopy(model.transformer), spec, seed=1)

@@ -145,7 +145,7 @@ def test_solrl_up_runs_two_epochs_and_shuts_down_cleanly(tmp_path):
     except redis.ConnectionError:
         pytest.skip("no Redis at 127.0.0.1:6379")
     model_dir = tmp_path / "model"
-    ShapesModel.random(seed=0).save(model_dir)
+    ShapesModel.random(seed=0, layers=6, heads=4).save(model_dir)
     ns = f"solrl-test-up-{uuid.uuid4().hex[:10]}"
     sets = ["reward=jpeg_compressibility", "rollout.prompts_per_epoch=2", "rollout.pool=4", "rollout.kept=2",
             "rollout.explore_steps=2", "rollout.steps=2", "train.micro_batch=4", "eval.prompts=2",

@@ -38,10 +38,12 @@ MAX_TOKENS = 14  # BOS + at most 10 words + EOS, with room
 _WORD_ID = {w: i + 3 for i, w in enumerate(VOCAB)}
 
 
-def transformer_config() -> dict:
+def transformer_config(layers: int = 8, heads: int = 6, patch: int = 4) -> dict:
+    """The denoiser's diffusers config (heads of width 32; the bundled model's own config.json rules
+    when it is loaded)."""
     return dict(
-        sample_size=IMAGE_SIZE, patch_size=4, in_channels=3, out_channels=3, num_layers=6,
-        num_attention_heads=4, attention_head_dim=32, cross_attention_dim=128, caption_channels=64,
+        sample_size=IMAGE_SIZE, patch_size=patch, in_channels=3, out_channels=3, num_layers=layers,
+        num_attention_heads=heads, attention_head_dim=32, cross_attention_dim=32 * heads, caption_channels=64,
         norm_type="ada_norm_single", use_additional_conditions=False, num_embeds_ada_norm=1000,
     )
 
@@ -73,10 +75,11 @@ class ShapesModel(T2IModel):
 
     # ---------------------------------------------------------------- building and loading
     @classmethod
-    def random(cls, seed: int = 0) -> "ShapesModel":
-        """Seeded random initialisation (what pretraining starts from)."""
+    def random(cls, seed: int = 0, **arch) -> "ShapesModel":
+        """Seeded random initialisation (what pretraining starts from); `arch`: transformer_config's
+        layers / heads / patch."""
         torch.manual_seed(seed)
-        return cls(PixArtTransformer2DModel(**transformer_config()), CLIPTextModel(text_encoder_config()))
+        return cls(PixArtTransformer2DModel(**transformer_config(**arch)), CLIPTextModel(text_encoder_config()))
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "ShapesModel":

@@ -9,7 +9,28 @@ import argparse
 import json
 from pathlib import Path
 
-from solrl.models.shapes import transformer_config
+
+def tracking_curve(path: Path, out: Path) -> list[dict]:
+    """Plot the pretraining's tracked exact-reward attributes (OUT/eval.jsonl) against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    fig, ax = plt.subplots(figsize=(7, 3.5), dpi=110)
+    steps = [r["step"] for r in recs]
+    for i, (split, style) in enumerate((("heldout", "-"), ("train", "--"))):
+        for j, key in enumerate(("shape_accuracy", "exact_match", "mean_reward")):
+            ax.plot(steps, [r[split][key] for r in recs], style, color=f"C{j}", label=f"{key} ({split})")
+    ax.set_xlabel("pretraining step")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return recs
 
 
 def loss_curve(logs: list[Path], out: Path) -> list[dict]:
@@ -49,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eval", required=True, help="directory with eval.json of `solrl eval --steps 10,40`")
     p.add_argument("--commands", nargs="+", required=True, help="the commands that trained the weights")
     p.add_argument("--notes", default="", help="how it ran (threads, other load, EMA), one sentence")
+    p.add_argument("--tracking", default=None, help="the pretraining's eval.jsonl (shape accuracy over steps)")
     a = p.parse_args(argv)
     w = Path(a.weights)
     phases = loss_curve([Path(x) for x in a.logs], w / "loss_curve.png")
@@ -62,7 +84,24 @@ def main(argv: list[str] | None = None) -> None:
         f"| {k} | {r['mean_reward']:.3f} | {r['colour_accuracy']:.3f} | {r['shape_accuracy']:.3f} | "
         f"{r['count_accuracy']:.3f} | {r['position_accuracy']:.3f} | {r['exact_match']:.3f} |"
         for k, r in res.items())
-    cfg = transformer_config()
+    cfg = json.loads((w / "transformer" / "config.json").read_text())
+    track = ""
+    if a.tracking:
+        recs = tracking_curve(Path(a.tracking), w / "tracking_curve.png")
+        track = "\n".join(
+            f"| {r['step']} | {r['heldout']['shape_accuracy']:.3f} | {r['heldout']['exact_match']:.3f} | "
+            f"{r['heldout']['mean_reward']:.3f} | {r['train']['shape_accuracy']:.3f} | {r['train']['mean_reward']:.3f} |"
+            for r in recs)
+        track = f"""
+## Tracked during pretraining
+
+Every few hundred steps the saved (EMA) weights sample 48 held-out and 48 training prompts (1 fixed
+seed, 10 Euler steps) and the exact reward scores them (`tracking_curve.png`):
+
+| step | held-out shape acc. | held-out exact match | held-out reward | train shape acc. | train reward |
+|---|---|---|---|---|---|
+{{track}}
+""".replace("{{track}}", track)
     total_s = sum(ph["elapsed_s"] for ph in phases)
     text = f"""# Model card: `shapes` (bundled)
 
@@ -99,7 +138,7 @@ project from a fixed seed; the weights in this folder are what `load_model("shap
 Held-out prompts are attribute combinations never rendered in pretraining. Scored with the
 precision-aware reward (colour and shape are F1 scores: extra detections cost credit). See
 docs/shapes.md for what the samples get wrong.
-"""
+{track}"""
     (w / "README.md").write_text(text)
     print(text)
 

@@ -38,6 +38,12 @@ class PretrainConfig:
     init_from: str | None = None   # continue from saved weights (a second phase); None = random init
     ema_decay: float = 0.0         # > 0: keep an exponential moving average of the weights and save it
     t_sampling: str = "uniform"    # "uniform" or "logit_normal" (SD3's weighting of the middle of t)
+    layers: int = 8                # architecture of a fresh model (ignored with init_from)
+    heads: int = 6
+    patch: int = 4
+    eval_every: int = 500          # > 0: score the saved (EMA) weights on held-out and training prompts
+    eval_prompts: int = 48         # prompts of each split per tracking evaluation (1 fixed seed each)
+    eval_steps: int = 10           # Euler steps of those samples (the rollout grid)
 
 
 class PromptSampler:
@@ -73,6 +79,20 @@ def lr_at(step: int, cfg: PretrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def _warm_ema(decay: float):
+    """EMA with the usual warm-up, d_n = min(decay, (1 + n) / (10 + n)) after n averaged steps: a short run
+    from random weights does not keep a share of its initialisation (0.999^3000 = 5% at a fixed decay)."""
+    def update(ema_params, params, num_averaged):
+        n = int(num_averaged)
+        d = min(decay, (1 + n) / (10 + n))
+        for e, p in zip(ema_params, params):
+            if e.is_floating_point():
+                e.lerp_(p, 1.0 - d)
+            else:  # integer buffers (position ids) are copied
+                e.copy_(p)
+    return update
+
+
 def _saved(model: ShapesModel, ema) -> ShapesModel:
     """The model to save: the EMA weights when an average is kept, else the raw ones."""
     if ema is None:
@@ -81,9 +101,26 @@ def _saved(model: ShapesModel, ema) -> ShapesModel:
     return ShapesModel(transformer, text_encoder)
 
 
+def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
+    """Exact-reward summary of `model` on held-out and on training prompts (fixed prompts and seeds):
+    the curve that tells whether pretraining is teaching shapes, not just lowering the loss."""
+    from solrl.evaluate import eval_prompts, evaluate
+    from solrl.rollout import SamplerSpec
+
+    train_caps, held = split_prompts()
+    out = {}
+    for split, caps in (("heldout", held), ("train", train_caps)):
+        summary, _ = evaluate(model, model.transformer, (cfg.eval_steps,), eval_prompts(cfg.eval_prompts, caps),
+                              1, seed=1000, sampler=SamplerSpec())
+        res = summary["results"][str(cfg.eval_steps)]
+        out[split] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()
+                      if k in ("mean_reward", "exact_match") or k.endswith("_accuracy")}
+    return out
+
+
 def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesModel:
     out.mkdir(parents=True, exist_ok=True)
-    model = ShapesModel.load(cfg.init_from) if cfg.init_from else ShapesModel.random(cfg.seed)
+    model = ShapesModel.load(cfg.init_from) if cfg.init_from else ShapesModel.random(cfg.seed, layers=cfg.layers, heads=cfg.heads, patch=cfg.patch)
     model.transformer.train().requires_grad_(True)
     model.text_encoder.train().requires_grad_(True)
     params = [*model.transformer.parameters(), *model.text_encoder.parameters()]
@@ -94,12 +131,13 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
     gen = torch.Generator().manual_seed(cfg.seed)
     ema = None
     if cfg.ema_decay > 0:  # torch's own averaging utility; the averaged copy is what gets saved
-        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+        from torch.optim.swa_utils import AveragedModel
         ema = AveragedModel(torch.nn.ModuleList([model.transformer, model.text_encoder]),
-                            multi_avg_fn=get_ema_multi_avg_fn(cfg.ema_decay), use_buffers=True)
+                            multi_avg_fn=_warm_ema(cfg.ema_decay), use_buffers=True)
     if cfg.t_sampling not in ("uniform", "logit_normal"):
         raise ValueError(f"t_sampling must be 'uniform' or 'logit_normal', got {cfg.t_sampling!r}")
     log = (out / "loss.jsonl").open("w")
+    evals = (out / "eval.jsonl").open("w")
     t0 = time.time()
     bar = tqdm(range(cfg.steps), desc="pretrain", disable=not progress)
     for step in bar:
@@ -128,6 +166,15 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
         log.write(json.dumps(rec) + "\n")
         log.flush()
         bar.set_postfix(loss=f"{rec['loss']:.4f}")
+        if cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+            with torch.no_grad():
+                saved = _saved(model, ema)
+                was = saved.transformer.training, saved.text_encoder.training
+                saved.transformer.eval(), saved.text_encoder.eval()
+                rec_eval = {"step": step + 1, "elapsed_s": round(time.time() - t0, 2), **track(saved, cfg)}
+                saved.transformer.train(was[0]), saved.text_encoder.train(was[1])
+            evals.write(json.dumps(rec_eval) + "\n")
+            evals.flush()
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             card = {"config": asdict(cfg), "steps_done": step + 1, "elapsed_s": rec["elapsed_s"],
                     "torch_threads": torch.get_num_threads(), "parent": _parent_card(cfg.init_from)}

@@ -91,6 +91,7 @@ def build_reward(name: str) -> Scorer:
 
 
 register_reward("shapes", ShapesReward)
+register_reward("shapes_dense", "solrl.rewards.shapes_dense:ShapesDenseReward")
 register_reward("jpeg_compressibility", JpegCompressibility)
 register_reward("ocr", "solrl.rewards.ocr:OcrReward", requires=("rapidocr_onnxruntime", "rapidfuzz"),
                 weights="none to download (rapidocr_onnxruntime ships its ONNX models)")

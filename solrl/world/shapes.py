@@ -225,14 +225,21 @@ class Placed:
     extra: dict = field(default_factory=dict)
 
 
-# Position regions as fractions of the image side (centre coordinates); the reward's predicates
+# Object sizes and position regions, as fractions of the image side. Objects are large (a single object
+# spans 11-14 px at 32x32, i.e. three to four 4x4 patches of the bundled model) so that circle, square
+# and triangle differ in many pixels: at 8-11 px the first bundled models never told them apart
+# (docs/shapes.md). Region centres keep every object inside the canvas, and the reward's predicates
 # (solrl.rewards.shapes) are looser than these so that ground truth always satisfies them.
+SIZE_SINGLE = (0.34, 0.44)
+SIZE_POSITIONED = (0.34, 0.42)
+SIZE_RELATION = (0.30, 0.38)
+SIZE_COUNT = (0.26, 0.32)
 _REGION = {
-    "left": ((0.18, 0.30), (0.42, 0.58)),
-    "right": ((0.70, 0.82), (0.42, 0.58)),
-    "top": ((0.42, 0.58), (0.18, 0.30)),
-    "bottom": ((0.42, 0.58), (0.70, 0.82)),
-    "centre": ((0.42, 0.58), (0.42, 0.58)),
+    "left": ((0.23, 0.30), (0.42, 0.58)),
+    "right": ((0.70, 0.77), (0.42, 0.58)),
+    "top": ((0.42, 0.58), (0.23, 0.30)),
+    "bottom": ((0.42, 0.58), (0.70, 0.77)),
+    "centre": ((0.44, 0.56), (0.42, 0.54)),
 }
 
 
@@ -257,16 +264,14 @@ def layout(spec: Spec, rng: np.random.Generator, size: int = IMAGE_SIZE) -> list
     def u(lo: float, hi: float) -> float:
         return float(rng.uniform(lo, hi)) * size
 
-    lo_s, hi_s = 0.25 * size, 0.34 * size
-    margin = hi_s / 2 + 1
     for _ in range(1000):
         placed: list[Placed] = []
         if spec.form == "single" and spec.position is not None:
             (xa, xb), (ya, yb) = _REGION[spec.position]
-            placed.append(Placed(spec.objects[0], u(xa, xb), u(ya, yb), u(0.27, 0.34)))
+            placed.append(Placed(spec.objects[0], u(xa, xb), u(ya, yb), u(*SIZE_POSITIONED)))
         elif spec.form == "relation":
             a, b = spec.objects
-            axis_lo, axis_hi = u(0.18, 0.32), u(0.68, 0.82)
+            axis_lo, axis_hi = u(0.21, 0.30), u(0.70, 0.79)
             # the two objects share a row (or column), so the relation is unambiguous
             other_a = u(0.30, 0.70)
             other_b = other_a + u(-0.04, 0.04)
@@ -275,13 +280,15 @@ def layout(spec: Spec, rng: np.random.Generator, size: int = IMAGE_SIZE) -> list
                 pa, pb = (first, other_a), (second, other_b)
             else:
                 pa, pb = (other_a, first), (other_b, second)
-            placed = [Placed(a, *pa, u(0.25, 0.32)), Placed(b, *pb, u(0.25, 0.32))]
+            placed = [Placed(a, *pa, u(*SIZE_RELATION)), Placed(b, *pb, u(*SIZE_RELATION))]
         else:
+            lo, hi = SIZE_SINGLE if spec.form == "single" else SIZE_COUNT
+            margin = hi * size / 2 + 1
             for o in spec.expected:
-                s = float(rng.uniform(lo_s, hi_s)) if spec.form == "single" else u(0.22, 0.28)
+                s = u(lo, hi)
                 placed.append(Placed(o, float(rng.uniform(margin, size - margin)),
                                      float(rng.uniform(margin, size - margin)), s))
-        if all(not _overlaps(p, q, 1.5) for p, q in itertools.combinations(placed, 2)):
+        if all(not _overlaps(p, q, 2.5) for p, q in itertools.combinations(placed, 2)):
             return placed
     raise RuntimeError(f"could not lay out {spec.caption()!r}")  # pragma: no cover - never seen
 

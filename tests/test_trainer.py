@@ -1,0 +1,82 @@
+"""The trainer against the reference (DiffusionNFT `scripts/train_nft_sd3.py`): per-sample timestep
+permutations, optimizer steps over whole prompt groups, the old adapter decayed once per epoch, and a
+clear error instead of a silent cap on the number of optimizer steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from solrl.algo import compute_advantages
+from solrl.config import ConfigError, apply_overrides, get_preset
+from solrl.loop import Session
+from solrl.sampling import flow_sigmas
+
+from test_loop import random_model_dir, tiny_cfg  # noqa: F401  (a module-scoped fixture)
+
+
+@pytest.fixture(scope="module")
+def session(random_model_dir):  # noqa: F811
+    return Session.build(tiny_cfg(random_model_dir, extra=["rollout.prompts_per_epoch=4",
+                                                           "train.optimizer_steps_per_epoch=2"]))
+
+
+def test_steps_take_whole_prompt_groups(session):
+    trainer = session.trainer
+    group = [g for g in range(5) for _ in range(4)]  # 5 prompts x 4 kept, in prompt order
+    rng = np.random.default_rng(0)
+    shuffled = list(rng.permutation(group))
+    for steps in (1, 2, 3, 5):
+        trainer.cfg.optimizer_steps_per_epoch = steps
+        plan = trainer.plan(shuffled, torch.Generator().manual_seed(steps))
+        assert len(plan) == steps
+        seen = []
+        for micro in plan:
+            idx = torch.cat(micro).tolist()
+            assert all(len(m) <= trainer.cfg.micro_batch for m in micro)
+            groups = {shuffled[i] for i in idx}
+            assert sorted(idx) == sorted(i for i, g in enumerate(shuffled) if g in groups)  # whole groups only
+            # so each step's advantages are centred: they sum to zero over the step
+            rewards = np.linspace(0, 1, len(shuffled))
+            adv = compute_advantages(rewards, shuffled)
+            assert abs(float(adv[idx].sum())) < 1e-9
+            seen += idx
+        assert sorted(seen) == list(range(len(shuffled)))
+    trainer.cfg.optimizer_steps_per_epoch = 6
+    with pytest.raises(ValueError, match="optimizer_steps_per_epoch=6 exceeds the 5 prompt groups"):
+        trainer.plan(shuffled, torch.Generator().manual_seed(0))
+    trainer.cfg.optimizer_steps_per_epoch = 2
+
+
+def test_config_refuses_more_steps_than_prompts():
+    cfg = apply_overrides(get_preset("shapes-sol-rl"), ["train.optimizer_steps_per_epoch=9"])
+    with pytest.raises(ConfigError, match="optimizer_steps_per_epoch=9 exceeds rollout.prompts_per_epoch=8"):
+        cfg.validate()
+
+
+def test_each_sample_gets_its_own_timestep_permutation(session):
+    trainer = session.trainer
+    kept, trainer.grid = trainer.grid, flow_sigmas(10)[:-1].float()  # the reference's 10-step grid
+    grid = len(trainer.grid)
+    plan = trainer.timestep_plan(64, torch.Generator().manual_seed(3))
+    trainer.grid = kept
+    k = max(1, int(grid * trainer.cfg.timestep_fraction))
+    assert plan.shape == (64, k)
+    for row in plan.tolist():
+        assert len(set(row)) == k and all(0 <= j < grid for j in row)
+    assert len({tuple(r) for r in plan.tolist()}) > 32      # rows differ: not one subset for the batch
+    assert len(set(plan[:, 0].tolist())) == grid            # the first slot visits the whole grid
+
+
+def test_old_adapter_is_decayed_once_per_epoch(session):
+    """With two optimizer steps, old <- d * old + (1 - d) * new once, d = min(0.001 * global_step, 0.5)
+    at the end of the epoch (the reference), while the EMA follows every step."""
+    trainer = session.trainer
+    old_before = [p.detach().clone() for p in session.adapters.parameters("old")]
+    step_before = trainer.global_step
+    rec = session.epoch(0)
+    assert rec["train.optimizer_steps"] == 2 and trainer.global_step == step_before + 2
+    d = trainer.old_decay(trainer.global_step)
+    for o0, o1, new in zip(old_before, session.adapters.parameters("old"), trainer.params):
+        torch.testing.assert_close(o1, o0.lerp(new.detach(), 1.0 - d), rtol=0, atol=0)
