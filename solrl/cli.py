@@ -80,7 +80,8 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
         torch.set_num_threads(a.threads)
     cfg = PretrainConfig(steps=a.steps, batch_size=a.batch_size, seed=a.seed, init_from=a.init_from,
                          **({"lr": a.lr} if a.lr else {}), **({"warmup": a.warmup} if a.warmup is not None else {}),
-                         ema_decay=a.ema_decay, t_sampling=a.t_sampling, eval_every=a.eval_every, layers=a.layers, heads=a.heads, patch=a.patch,
+                         ema_decay=a.ema_decay, t_sampling=a.t_sampling, eval_every=a.eval_every,
+                         layers=a.layers, heads=a.heads, patch=a.patch,
                          **({"min_lr_ratio": a.min_lr_ratio} if a.min_lr_ratio is not None else {}))
     if cfg.steps <= 0 or cfg.batch_size <= 0:
         raise ConfigError("--steps and --batch-size must be positive")

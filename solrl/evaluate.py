@@ -27,6 +27,7 @@ from solrl.telemetry import image_grid, save_png
 from solrl.world.shapes import parse, split_prompts
 
 ATTRIBUTES = ("colour", "shape", "count", "position")
+_SUMMARY_KEYS = ("exact_match", "dense_mean", "dense_spearman")
 
 
 def eval_prompts(n: int, held: list[str] | None = None) -> list[str]:
@@ -130,7 +131,7 @@ def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], pr
     summary = {"mean_reward": first["mean_reward"], "n": first["n"], "steps": list(steps),
                "reward": getattr(reward, "name", type(reward).__name__),
                "prompts": len(prompts), "seeds_per_prompt": seeds_per_prompt,
-               **{k: v for k, v in first.items() if k.endswith("_accuracy") or k in ("exact_match", "dense_mean", "dense_spearman")},
+               **{k: v for k, v in first.items() if k.endswith("_accuracy") or k in _SUMMARY_KEYS},
                "results": results}
     return summary, grids
 

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_world import _mutations
 
 from solrl.rewards import build_reward
 from solrl.rewards.shapes import score_spec
 from solrl.rewards.shapes_dense import score_dense
-from solrl.world.shapes import BACKGROUND, COLORS, ObjectSpec, Spec, parse, random_spec, render
-
-from test_world import _mutations
+from solrl.world.shapes import (
+    BACKGROUND,
+    COLORS,
+    ObjectSpec,
+    Spec,
+    parse,
+    random_spec,
+    render,
+)
 
 
 def _canvas() -> np.ndarray:

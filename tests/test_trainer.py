@@ -7,13 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_loop import random_model_dir, tiny_cfg  # noqa: F401  (a module-scoped fixture)
 
 from solrl.algo import compute_advantages
 from solrl.config import ConfigError, apply_overrides, get_preset
 from solrl.loop import Session
 from solrl.sampling import flow_sigmas
-
-from test_loop import random_model_dir, tiny_cfg  # noqa: F401  (a module-scoped fixture)
 
 
 @pytest.fixture(scope="module")

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
             f"| {r['step']} | {r['heldout']['shape_accuracy']:.3f} | {r['heldout']['exact_match']:.3f} | "
             f"{r['heldout']['mean_reward']:.3f} | {r['train']['shape_accuracy']:.3f} | {r['train']['mean_reward']:.3f} |"
             for r in recs)
-        track = f"""
+        track = """
 ## Tracked during pretraining
 
 Every few hundred steps the saved (EMA) weights sample 48 held-out and 48 training prompts (1 fixed
@@ -100,7 +100,7 @@ seed, 10 Euler steps) and the exact reward scores them (`tracking_curve.png`):
 
 | step | held-out shape acc. | held-out exact match | held-out reward | train shape acc. | train reward |
 |---|---|---|---|---|---|
-{{track}}
+{track}
 """.replace("{{track}}", track)
     total_s = sum(ph["elapsed_s"] for ph in phases)
     text = f"""# Model card: `shapes` (bundled)

@@ -120,7 +120,10 @@ def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
 
 def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesModel:
     out.mkdir(parents=True, exist_ok=True)
-    model = ShapesModel.load(cfg.init_from) if cfg.init_from else ShapesModel.random(cfg.seed, layers=cfg.layers, heads=cfg.heads, patch=cfg.patch)
+    if cfg.init_from:
+        model = ShapesModel.load(cfg.init_from)
+    else:
+        model = ShapesModel.random(cfg.seed, layers=cfg.layers, heads=cfg.heads, patch=cfg.patch)
     model.transformer.train().requires_grad_(True)
     model.text_encoder.train().requires_grad_(True)
     params = [*model.transformer.parameters(), *model.text_encoder.parameters()]
