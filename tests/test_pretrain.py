@@ -95,3 +95,25 @@ def test_bundled_base_is_in_the_useful_band_and_its_card_is_reproducible():
     summary, _ = sess.evaluate((10,))
     assert summary["results"]["10"]["mean_reward"] == pytest.approx(reported, abs=0.02)
     assert summary["results"]["10"]["n"] == card["results"]["10"]["n"] == 96
+
+
+def test_model_card_reads_the_saved_config_and_plots_the_tracking(tmp_path):
+    from solrl.models.shapes_card import main as card
+
+    torch.set_num_threads(1)
+    cfg = PretrainConfig(steps=2, batch_size=2, save_every=2, seed=0, layers=1, heads=2, eval_every=1,
+                         eval_prompts=2, eval_steps=2)
+    pretrain(cfg, tmp_path / "p", progress=False)
+    result = {"mean_reward": 0.5, "colour_accuracy": 0.5, "shape_accuracy": 0.25, "count_accuracy": 0.4,
+              "position_accuracy": 0.6, "exact_match": 0.125}
+    (tmp_path / "ev").mkdir()
+    (tmp_path / "ev" / "eval.json").write_text(json.dumps({"prompts": 2, "seeds_per_prompt": 1,
+                                                             "results": {"10": result}}))
+    weights = tmp_path / "p" / "step_00002"
+    card(["--weights", str(weights), "--logs", str(tmp_path / "p" / "loss.jsonl"), "--eval", str(tmp_path / "ev"),
+          "--commands", "solrl shapes pretrain --layers 1 --heads 2", "--tracking", str(tmp_path / "p" / "eval.jsonl")])
+    text = (weights / "README.md").read_text()
+    assert "1 layers" in text and "2 heads x 32" in text  # from the saved config, not the code's defaults
+    assert "## Tracked during pretraining" in text and "| 1 | " in text and "| 2 | " in text
+    assert "| 10 | 0.500 | 0.500 | 0.250 | 0.400 | 0.600 | 0.125 |" in text
+    assert (weights / "tracking_curve.png").stat().st_size > 1000

@@ -101,7 +101,7 @@ seed, 10 Euler steps) and the exact reward scores them (`tracking_curve.png`):
 | step | held-out shape acc. | held-out exact match | held-out reward | train shape acc. | train reward |
 |---|---|---|---|---|---|
 {track}
-""".replace("{{track}}", track)
+""".replace("{track}", track)
     total_s = sum(ph["elapsed_s"] for ph in phases)
     text = f"""# Model card: `shapes` (bundled)
 
