@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from test_world import _mutations
@@ -73,7 +75,7 @@ def test_dense_colour_falls_smoothly_with_distance():
         img[10:22, 10:22] = col
         scores.append(score_dense(img, spec)["colour"])
     assert scores[0] == 1.0
-    assert all(a > b for a, b in zip(scores, scores[1:]))
+    assert all(a > b for a, b in itertools.pairwise(scores))
     assert scores[-1] > 0.3  # partial credit, where the exact colour credit is still all or nothing
 
 
@@ -91,8 +93,8 @@ def test_dense_shape_credit_grades_between_square_and_circle():
         circ.append(score_dense(img, parse("a blue circle"))["shape"])
         exact_sq.append(score_spec(img, parse("a blue square"))["shape"])
     assert sq[0] == 1.0 and circ[-1] == 1.0
-    assert all(a >= b for a, b in zip(sq, sq[1:])) and sq[-1] == 0.0
-    assert all(a <= b for a, b in zip(circ, circ[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(sq)) and sq[-1] == 0.0
+    assert all(a <= b for a, b in itertools.pairwise(circ))
     assert len({round(v, 6) for v in sq}) >= 4   # graded, not a step
     assert set(exact_sq) == {0.0, 1.0}
 
@@ -103,7 +105,7 @@ def test_dense_position_falls_with_distance_past_the_predicate():
     for left in (2, 5, 10, 13, 16, 20):
         scores.append(score_dense(_square(_canvas(), "green", 10, left, 10), spec)["position"])
     assert scores[0] == scores[1] == 1.0
-    assert all(a >= b for a, b in zip(scores, scores[1:])) and scores[-1] < scores[2] < 1.0
+    assert all(a >= b for a, b in itertools.pairwise(scores)) and scores[-1] < scores[2] < 1.0
 
 
 def test_dense_extra_detections_cost_credit_and_registry_builds_it():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -199,11 +200,11 @@ def test_dpm2_is_higher_order_than_euler_on_known_solution():
     dpm2 = [_max_error("dpm2", n, z) for n in steps]
     for e, d in zip(euler, dpm2):
         assert d < e / 4
-    for coarse, fine in zip(euler, euler[1:]):  # first order: halving the step halves the error
+    for coarse, fine in itertools.pairwise(euler):  # first order: halving the step halves the error
         assert 1.8 < coarse / fine < 2.2
     # observed order ~1.7 on this linear-in-sigma grid (the first and last steps are first order and
     # the log-SNR steps at both ends of the grid do not shrink with N); clearly above Euler's 1
-    for coarse, fine in zip(dpm2, dpm2[1:]):
+    for coarse, fine in itertools.pairwise(dpm2):
         assert coarse / fine > 3.0
 
 

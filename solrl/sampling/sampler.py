@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from solrl.sampling.steps import DPMHistory, dpm2_step, euler_step, sde_step_with_logprob
+import itertools
 
 VelocityFn = Callable[[Tensor, Tensor], Tensor]
 """A model seen as v = f(x_BCHW, t_B): predicted velocity (noise - x0) at sigma t_B in [0, 1]."""
@@ -44,7 +45,7 @@ def _sigma_grid(sigmas: Tensor | Sequence[float]) -> list[float]:
         raise ValueError("sigmas must be finite floats")
     if not (values[0] <= 1.0 and values[-1] >= 0.0):
         raise ValueError(f"sigmas must lie in [0, 1], got first {values[0]} and last {values[-1]}")
-    if any(b >= a for a, b in zip(values, values[1:])):
+    if any(b >= a for a, b in itertools.pairwise(values)):
         raise ValueError("sigmas must be strictly decreasing")
     return [float(s) for s in values]
 
@@ -80,7 +81,7 @@ def sample(
     log_probs: list[Tensor] = []
     history: DPMHistory | None = None
     nfe = 0
-    for s, s_next in zip(grid, grid[1:]):
+    for s, s_next in itertools.pairwise(grid):
         t_B = torch.full((batch,), s, dtype=torch.float32, device=x.device)
         v = velocity_fn(x, t_B)
         nfe += 1
