@@ -70,6 +70,12 @@ def _write(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str
     path.write_bytes(canonical_safetensors(save(tensors, metadata=metadata)))
 
 
+def saved_epochs(run_dir: Path) -> list[int]:
+    """Epochs whose checkpoint holds adapters, in order."""
+    root = run_dir / "checkpoints"
+    return sorted(int(p.name.split("_")[1]) for p in root.glob("epoch_[0-9]*") if (p / "adapters.safetensors").exists())
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     pointer = run_dir / "checkpoints" / "latest"
     if not pointer.exists():

@@ -30,6 +30,11 @@ ATTRIBUTES = ("colour", "shape", "count", "position")
 _SUMMARY_KEYS = ("exact_match", "dense_mean", "dense_spearman")
 
 
+def summary_metrics(result: dict[str, Any]) -> dict[str, Any]:
+    """The per-attribute accuracies, exact-match rate and dense-reward figures of one evaluation result."""
+    return {k: v for k, v in result.items() if k.endswith("_accuracy") or k in _SUMMARY_KEYS}
+
+
 def eval_prompts(n: int, held: list[str] | None = None) -> list[str]:
     """A fixed, form-stratified subset of shapes-world captions `held` (default: the held-out split;
     round-robin over forms, hash order)."""
@@ -131,8 +136,7 @@ def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], pr
     summary = {"mean_reward": first["mean_reward"], "n": first["n"], "steps": list(steps),
                "reward": getattr(reward, "name", type(reward).__name__),
                "prompts": len(prompts), "seeds_per_prompt": seeds_per_prompt,
-               **{k: v for k, v in first.items() if k.endswith("_accuracy") or k in _SUMMARY_KEYS},
-               "results": results}
+               **summary_metrics(first), "results": results}
     return summary, grids
 
 

@@ -30,9 +30,10 @@ from solrl.checkpoint import (
     load_adapters,
     load_checkpoint,
     save_checkpoint,
+    saved_epochs,
 )
-from solrl.config import ConfigError, RunConfig
-from solrl.evaluate import eval_prompt_set, eval_scorer, evaluate
+from solrl.config import ConfigError, RunConfig, apply_overrides
+from solrl.evaluate import eval_prompt_set, eval_scorer, evaluate, summary_metrics
 from solrl.models import load_model
 from solrl.models.base import T2IModel
 from solrl.precision import build_backend
@@ -243,7 +244,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         base_eval, grids = sess.evaluate()
         _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
         writer.write({"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0,
-                      **{f"eval.{k}": v for k, v in base_eval.items() if k.endswith("_accuracy") or k == "exact_match"}})
+                      **{f"eval.{k}": v for k, v in summary_metrics(base_eval).items()}})
         log(f"held-out reward before training (EMA = base): {base_eval['mean_reward']:.4f}")
     bar = tqdm(range(start, cfg.epochs), desc=cfg.name, disable=not progress, unit="epoch")
     for e in bar:
@@ -254,7 +255,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
             ev, grids = sess.evaluate()
             _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
             rec.update({"eval.mean_reward": ev["mean_reward"],
-                        **{f"eval.{k}": v for k, v in ev.items() if k.endswith("_accuracy") or k == "exact_match"}})
+                        **{f"eval.{k}": v for k, v in summary_metrics(ev).items()}})
         writer.write(rec)
         if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):
             save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version)
@@ -295,8 +296,6 @@ def load_run_for_eval(run_dir: Path, epoch: int | None = None, overrides: list[s
     """A session with the run's config and the adapters of its checkpoint after `epoch` (default: the
     latest; 0: the untrained adapters, i.e. the base model), for `solrl eval`. `overrides` change the
     evaluation settings (e.g. eval.reward, prompts.eval)."""
-    from solrl.config import apply_overrides
-
     cfg = RunConfig.load(run_dir / "config.json")
     if overrides:
         cfg = apply_overrides(cfg, overrides).validate()
@@ -311,9 +310,8 @@ def load_run_for_eval(run_dir: Path, epoch: int | None = None, overrides: list[s
     else:
         ckpt = run_dir / "checkpoints" / f"epoch_{epoch:04d}"
         if not (ckpt / "adapters.safetensors").exists():
-            saved = sorted(int(p.name.split("_")[1]) for p in (run_dir / "checkpoints").glob("epoch_[0-9]*")
-                           if (p / "adapters.safetensors").exists()) if (run_dir / "checkpoints").is_dir() else []
-            raise FileNotFoundError(f"{run_dir} has no checkpoint of epoch {epoch}; saved epochs: {saved or 'none'}")
+            raise FileNotFoundError(f"{run_dir} has no checkpoint of epoch {epoch}; "
+                                    f"saved epochs: {saved_epochs(run_dir) or 'none'}")
     sess = Session.build(cfg)
     if ckpt is not None:
         load_adapters(ckpt, sess.adapters)

@@ -71,10 +71,10 @@ class NFTTrainer:
         return out
 
     def timestep_plan(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """[n, K] grid indices: each sample's first K entries of its own permutation of the rollout grid
-        (K = int(grid * timestep_fraction), at least 1), as the reference permutes timesteps per sample."""
-        k = len(timestep_indices(len(self.grid), self.cfg.timestep_fraction, None))
-        return torch.stack([torch.randperm(len(self.grid), generator=generator)[:k] for _ in range(n)])
+        """[n, K] grid indices: each sample's own random subset of the rollout grid (timestep_indices),
+        as the reference permutes timesteps per sample."""
+        return torch.tensor([timestep_indices(len(self.grid), self.cfg.timestep_fraction, generator)
+                             for _ in range(n)], dtype=torch.long)
 
     def update(self, batch: Batch, generator: torch.Generator) -> dict[str, float]:
         """Advantages -> DiffusionNFT loss over per-sample random timesteps -> optimizer step(s) (EMA after

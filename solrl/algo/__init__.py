@@ -3,7 +3,7 @@
 from solrl.algo.advantages import compute_advantages
 from solrl.algo.ema import ema_decay, lerp_params_, old_decay
 from solrl.algo.grpo import grpo_loss
-from solrl.algo.nft import NFTConfig, nft_loss, timestep_indices
+from solrl.algo.nft import NFTConfig, nft_loss, timestep_count, timestep_indices
 from solrl.algo.selection import SELECTION_MODES, select
 
 __all__ = [
@@ -16,5 +16,6 @@ __all__ = [
     "nft_loss",
     "old_decay",
     "select",
+    "timestep_count",
     "timestep_indices",
 ]

@@ -113,6 +113,11 @@ def nft_loss(
     return loss, stats
 
 
+def timestep_count(num_steps: int, fraction: float) -> int:
+    """How many grid timesteps each sample trains on: max(1, int(num_steps * fraction))."""
+    return max(1, int(num_steps * fraction))
+
+
 def timestep_indices(num_steps: int, fraction: float, generator: torch.Generator | None) -> list[int]:
     """A random subset of the rollout grid's step indices, of size max(1, int(num_steps * fraction)).
 
@@ -124,5 +129,4 @@ def timestep_indices(num_steps: int, fraction: float, generator: torch.Generator
     _check_fraction(fraction, "fraction")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    count = max(1, int(num_steps * fraction))
-    return torch.randperm(int(num_steps), generator=generator).tolist()[:count]
+    return torch.randperm(int(num_steps), generator=generator).tolist()[:timestep_count(num_steps, fraction)]

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from solrl.algo import timestep_count
 from solrl.bench.common import write_results
 from solrl.config import apply_overrides, get_preset
 from solrl.loop import train
@@ -46,7 +47,7 @@ def epoch_cost(rec: dict[str, Any], cfg) -> float:
     explore = rec.get("forwards_explore", 0) * forward_cost(cfg.rollout.explore_precision.backend)
     regen = rec.get("forwards_regenerate", 0) * forward_cost(cfg.rollout.precision.backend)
     per_pair = 5.0 if cfg.train.kl_beta > 0 else 4.0
-    k = max(1, int(cfg.rollout.steps * cfg.train.timestep_fraction))
+    k = timestep_count(cfg.rollout.steps, cfg.train.timestep_fraction)
     return explore + regen + rec.get("train.samples", 0) * k * per_pair
 
 
@@ -60,7 +61,7 @@ def interval(values: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(stats.t.ppf(0.975, len(a) - 1) * a.std(ddof=1) / math.sqrt(len(a)))
 
 
-def one_run(mode: str, preset: str, sets: list[str], run_dir: Path) -> dict[str, Any]:
+def one_run(preset: str, sets: list[str], run_dir: Path) -> dict[str, Any]:
     cfg = apply_overrides(get_preset(preset), sets).validate()
     train(cfg, run_dir, progress=False, log=lambda *_: None)
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -114,7 +115,7 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
                  "eval.seeds_per_prompt=1", "lora.rank=4", "lora.alpha=8", "train.micro_batch=8"]
     modes: dict[str, Any] = {}
     for mode, preset in PRESETS.items():
-        runs = [one_run(mode, preset, sets + [f"seed={seed + i}"], out / f"{name}_runs" / f"{mode}_seed{seed + i}")
+        runs = [one_run(preset, sets + [f"seed={seed + i}"], out / f"{name}_runs" / f"{mode}_seed{seed + i}")
                 for i in range(n_runs)]
         modes[mode] = {"runs": runs, **summarise(runs)}
     target = modes["diffusion_nft"]["final"]["reward_mean"]
@@ -198,9 +199,9 @@ def markdown(r: dict[str, Any], name: str = "curve") -> str:
         lines.append(f"| {mode} | {m['before']['reward_mean']:.3f} | {_ci(f['reward_mean'], f['reward_ci95'])} | {em} | "
                      f"{m['cost_per_epoch']:.0f} | {m['train_wall_s']:.0f} | {reach if reach is not None else '-'} | "
                      f"{cost} |")
+    epochs = [row["epoch"] for row in r["modes"]["sol_rl"]["epochs"]]
     per_epoch = ["", "Per evaluated epoch, mean ± 95% interval over run seeds:", "",
-                 "| mode | " + " | ".join(str(row["epoch"]) for row in next(iter(r["modes"].values()))["epochs"]) + " |",
-                 "|---|" + "---|" * len(next(iter(r["modes"].values()))["epochs"])]
+                 "| mode | " + " | ".join(map(str, epochs)) + " |", "|---|" + "---|" * len(epochs)]
     for mode, m in r["modes"].items():
         per_epoch.append(f"| {mode} | " + " | ".join(_ci(row["reward_mean"], row["reward_ci95"]) for row in m["epochs"])
                          + " |")

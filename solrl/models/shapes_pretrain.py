@@ -104,7 +104,7 @@ def _saved(model: ShapesModel, ema) -> ShapesModel:
 def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
     """Exact-reward summary of `model` on held-out and on training prompts (fixed prompts and seeds):
     the curve that tells whether pretraining is teaching shapes, not just lowering the loss."""
-    from solrl.evaluate import eval_prompts, evaluate
+    from solrl.evaluate import eval_prompts, evaluate, summary_metrics
     from solrl.rollout import SamplerSpec
 
     train_caps, held = split_prompts()
@@ -113,8 +113,8 @@ def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
         summary, _ = evaluate(model, model.transformer, (cfg.eval_steps,), eval_prompts(cfg.eval_prompts, caps),
                               1, seed=1000, sampler=SamplerSpec())
         res = summary["results"][str(cfg.eval_steps)]
-        out[split] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()
-                      if k in ("mean_reward", "exact_match") or k.endswith("_accuracy")}
+        keep = {"mean_reward": res["mean_reward"], **summary_metrics(res)}
+        out[split] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in keep.items()}
     return out
 
 
