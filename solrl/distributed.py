@@ -79,7 +79,7 @@ class RemoteSession:
     """A `Session` whose rollouts come from explorer / regenerator workers over `queue`."""
 
     def __init__(self, sess: Session, queue: Queue, push_adapter: PushAdapter, *, run_id: str,
-                 rollout_timeout_s: float = 600.0, block_ms: int = 500) -> None:
+                 rollout_timeout_s: float = 600.0, block_ms: int = 500, pickup_timeout_s: float | None = 120.0) -> None:
         if sess.cfg.rollout.mode != "sol_rl":
             raise ValueError(f"rollout.mode must be 'sol_rl' for the distributed loop, got {sess.cfg.rollout.mode!r}")
         if not isinstance(queue, Queue):
@@ -92,6 +92,7 @@ class RemoteSession:
             raise ValueError(f"rollout_timeout_s must be > 0, got {rollout_timeout_s!r}")
         self.sess, self.queue, self.push_adapter = sess, queue, push_adapter
         self.run_id, self.rollout_timeout_s, self.block_ms = run_id, float(rollout_timeout_s), int(block_ms)
+        self.pickup_timeout_s = pickup_timeout_s
         self.status = DriverStatus(run_id)
         ensure_pipeline(queue)
 
@@ -126,12 +127,14 @@ class RemoteSession:
         sampler = common_pb2.SamplerSpec(solver=sess.sampler.solver, steps=r.steps, shift=sess.sampler.shift,
                                          guidance=sess.sampler.guidance)
         jobs = {job_id_for(self.run_id, epoch, p): p for p in range(len(prompts))}
+        published: dict[str, str] = {}
         for job_id, p in jobs.items():
             job = common_pb2.ExploreJob(job_id=job_id, run_id=self.run_id, prompt=prompts[p], seeds=seeds[p],
                                         steps=r.explore_steps, kept=r.kept, selection=r.selection,
                                         min_adapter_version=sess.version, sampler=sampler)
-            self.queue.publish(STREAM_EXPLORE, job.SerializeToString(), key=job_id, timeout_s=self.rollout_timeout_s)
-        got = self.collect(jobs, r.kept)
+            published[job_id] = self.queue.publish(STREAM_EXPLORE, job.SerializeToString(), key=job_id,
+                                                   timeout_s=self.rollout_timeout_s)
+        got = self.collect(jobs, r.kept, published)
         rec["time_rollout_s"] = time.perf_counter() - t0
 
         order = sorted(got)  # (prompt index, kept position): the embedded loop's order
@@ -156,24 +159,38 @@ class RemoteSession:
         st.mean_reward, st.rollouts_consumed = rec["rollout.reward_mean"], st.rollouts_consumed + len(rolls)
         return rec
 
-    def collect(self, jobs: dict[str, int], kept: int) -> dict[tuple[int, int], Any]:
+    def collect(self, jobs: dict[str, int], kept: int, published: dict[str, str] | None = None
+                ) -> dict[tuple[int, int], Any]:
         return collect_rollouts(self.queue, jobs, kept, self.rollout_timeout_s, consumer=f"driver-{self.run_id}",
-                                block_ms=self.block_ms)
+                                block_ms=self.block_ms, published=published, pickup_timeout_s=self.pickup_timeout_s)
 
 
 def collect_rollouts(queue: Queue, jobs: dict[str, int], kept: int, timeout_s: float, *, consumer: str = "driver",
-                     block_ms: int = 500) -> dict[tuple[int, int], Any]:
+                     block_ms: int = 500, published: dict[str, str] | None = None,
+                     pickup_timeout_s: float | None = None) -> dict[tuple[int, int], Any]:
     """Exactly `kept` Rollouts per job of `jobs` (job id -> prompt index), keyed (prompt index, kept position).
 
     Reads `rollouts` in group "trainer"; a duplicate (a redelivered job published twice) or a rollout of
-    another job is acked and dropped. TimeoutError if they do not all arrive within `timeout_s`.
+    another job is acked and dropped. TimeoutError if they do not all arrive within `timeout_s`, or,
+    given `published` (job id -> explore message id), if no explorer has taken any of them within
+    `pickup_timeout_s` (no worker consumes the queue: fail early, naming the jobs, not at `timeout_s`).
     """
     from solrl.pb.solrl.common.v1 import common_pb2
 
     want = len(jobs) * kept
     got: dict[tuple[int, int], Any] = {}
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
+    deadline = start + timeout_s
+    watch = bool(published) and pickup_timeout_s is not None and pickup_timeout_s < timeout_s
     while len(got) < want:
+        if watch and time.monotonic() - start >= pickup_timeout_s:
+            waiting = queue.undelivered(STREAM_EXPLORE, GROUP_EXPLORERS, list(published.values()))
+            if len(waiting) == len(published):
+                names = sorted(published)
+                raise TimeoutError(f"no explorer took any of this epoch's {len(names)} jobs within "
+                                   f"{pickup_timeout_s:g}s ({names[0]} ... {names[-1]}): is an explorer consuming "
+                                   f"stream {STREAM_EXPLORE!r} of this queue namespace?")
+            watch = False  # taken: from here on only the overall timeout applies
         left = deadline - time.monotonic()
         if left <= 0:
             missing = sorted(j for j, p in jobs.items() if sum(k[0] == p for k in got) < kept)
@@ -211,21 +228,22 @@ def _tensor(msg: Any) -> torch.Tensor:
 def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: PushAdapter, *, run_id: str = "run",
                     rollout_timeout_s: float = 600.0, log: Callable[[str], None] = print,
                     on_session: Callable[[RemoteSession], None] = lambda s: None,
-                    resume: bool = False) -> dict[str, Any]:
+                    resume: bool = False, pickup_timeout_s: float | None = 120.0) -> dict[str, Any]:
     """Train `cfg` for cfg.epochs with rollouts from the queue; writes config.json, metrics.jsonl,
     eval/ and checkpoints/ to `run_dir` as the embedded `solrl.loop.train` does.
     `on_session` receives the RemoteSession once built (the trainer service reads its status).
 
     resume: continue from run_dir's latest checkpoint, as `solrl train --resume` does; the epochs
-    after it follow the uninterrupted run (same draws, same rollouts, same update). The resumed
-    attempt's jobs get fresh ids (`<run_id>-r<tag>-e...`): jobs and rollouts the dead attempt left
-    in the queue are then ignored (a job id the workers already processed would be skipped, and
-    rollouts the dead trainer acked are gone), and the epoch it was in is recomputed whole. The
+    after it follow the uninterrupted run (same draws, same rollouts, same update). Every attempt's
+    jobs get fresh ids (`<run_id>-a<tag>-e...`, `-r<tag>` when resumed): jobs and rollouts a dead
+    attempt left in the queue are then ignored (a job id the workers already processed would be
+    skipped, and rollouts the dead trainer acked are gone), and the epoch it was in is recomputed
+    whole; metrics.jsonl keeps only the epochs the checkpoint covers (none on a fresh start). The
     adapter it re-pushes is the one the rollout services already hold (accepted as a no-op), as long
     as checkpoint_every is 1; otherwise restart the rollout services too."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    start, attempt_id = 0, run_id
+    start, attempt_id = 0, f"{run_id}-a{uuid.uuid4().hex[:8]}"
     sess = Session.build(cfg, local_explorer=False)
     if resume:
         ckpt = latest_checkpoint(run_dir)
@@ -235,7 +253,8 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
         start, sess.trainer.global_step, sess.version = state["epoch"], state["global_step"], state["adapter_version"]
         attempt_id = f"{run_id}-r{uuid.uuid4().hex[:8]}"
         log(f"resuming {run_dir} after epoch {start} (adapter version {sess.version}); jobs {attempt_id}-*")
-    remote = RemoteSession(sess, queue, push_adapter, run_id=attempt_id, rollout_timeout_s=rollout_timeout_s)
+    remote = RemoteSession(sess, queue, push_adapter, run_id=attempt_id, rollout_timeout_s=rollout_timeout_s,
+                           pickup_timeout_s=pickup_timeout_s)
     remote.status.run_id = run_id
     remote.status.epoch, remote.status.optimizer_step, remote.status.adapter_version = \
         start, sess.trainer.global_step, sess.version
@@ -244,7 +263,7 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
     base_eval: dict[str, Any] | None = None
     try:
         cfg.save(run_dir / "config.json")
-        writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else None)
+        writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else -1)
         (run_dir / "eval").mkdir(exist_ok=True)
         if start == 0:
             st.state = "evaluating"
@@ -278,7 +297,19 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
             if st.history else None}
 
 
-__all__ = ["RemoteSession", "run_distributed", "collect_rollouts", "ensure_pipeline", "rollout_key", "job_id_for",
-           "DriverStatus",
-           "STREAM_EXPLORE", "STREAM_REGENERATE", "STREAM_ROLLOUTS", "GROUP_EXPLORERS", "GROUP_REGENERATORS",
-           "GROUP_TRAINER", "PushAdapter"]
+__all__ = [
+    "GROUP_EXPLORERS",
+    "GROUP_REGENERATORS",
+    "GROUP_TRAINER",
+    "STREAM_EXPLORE",
+    "STREAM_REGENERATE",
+    "STREAM_ROLLOUTS",
+    "DriverStatus",
+    "PushAdapter",
+    "RemoteSession",
+    "collect_rollouts",
+    "ensure_pipeline",
+    "job_id_for",
+    "rollout_key",
+    "run_distributed",
+]

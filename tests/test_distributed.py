@@ -19,8 +19,10 @@ from services.regenerator.dataplane import RegeneratorDataPlane
 from solrl.adapters import LoraSpec
 from solrl.config import apply_overrides, get_preset
 from solrl.distributed import (
+    GROUP_EXPLORERS,
     GROUP_REGENERATORS,
     GROUP_TRAINER,
+    STREAM_EXPLORE,
     STREAM_REGENERATE,
     STREAM_ROLLOUTS,
     collect_rollouts,
@@ -213,3 +215,38 @@ def test_collect_times_out_with_a_clear_error(queue):
     ensure_pipeline(queue)
     with pytest.raises(TimeoutError, match="collected 0 of 4 rollouts"):
         collect_rollouts(queue, {"j1": 0, "j2": 1}, kept=2, timeout_s=0.3, block_ms=100)
+
+
+def test_jobs_no_explorer_takes_fail_early_naming_them(queue):
+    """A restarted trainer whose jobs nobody takes (no explorer on this namespace, or job ids the
+    workers skip) fails after pickup_timeout_s naming the jobs, not after the rollout timeout."""
+    ensure_pipeline(queue)
+    published = {f"run-e000000-p0000{i}": queue.publish(STREAM_EXPLORE, b"job", key=f"run-e000000-p0000{i}")
+                 for i in range(3)}
+    jobs = {j: i for i, j in enumerate(published)}
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"no explorer took any of this epoch's 3 jobs within 0.5s "
+                                           r"\(run-e000000-p00000 \.\.\. run-e000000-p00002\)"):
+        collect_rollouts(queue, jobs, kept=1, timeout_s=60, block_ms=100, published=published, pickup_timeout_s=0.5)
+    assert time.monotonic() - t0 < 10
+    # once an explorer has taken one, only the overall timeout applies
+    queue.consume(STREAM_EXPLORE, GROUP_EXPLORERS, "explorer-1", count=1)
+    with pytest.raises(TimeoutError, match="collected 0 of 3 rollouts within 1.5s"):
+        collect_rollouts(queue, jobs, kept=1, timeout_s=1.5, block_ms=100, published=published, pickup_timeout_s=0.3)
+
+
+def test_a_fresh_attempt_never_reuses_job_ids_and_restarts_metrics(model_dir, queue, tmp_path):
+    """Two attempts of the same run id (a trainer restarted on a directory without a checkpoint) publish
+    different job ids, and metrics.jsonl holds one attempt's lines, not both."""
+    cfg = tiny_cfg(model_dir, epochs=1)
+    seen = []
+
+    def no_rollouts(remote):
+        seen.append(remote.run_id)
+        remote.collect = lambda jobs, kept, published=None: (_ for _ in ()).throw(RuntimeError("stop here"))
+
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="stop here"):
+            run_distributed(cfg, tmp_path, queue, lambda *a: None, run_id="same", on_session=no_rollouts)
+    assert len(set(seen)) == 2 and all(s.startswith("same-a") for s in seen)
+    assert [r["epoch"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0]

@@ -96,6 +96,23 @@ def test_round_trip_in_order(make_queue):
     assert q.ack("jobs", "workers", []) == 0
 
 
+def test_undelivered_tells_which_messages_no_consumer_has_taken(make_queue):
+    """What the trainer's pickup check reads: a message counts as taken once delivered, acked or not."""
+    q = make_queue()
+    q.ensure_group("jobs", "workers")
+    ids = [q.publish("jobs", f"p{i}".encode(), key=f"k{i}") for i in range(4)]
+    assert q.undelivered("jobs", "workers", ids) == ids
+    q.consume("jobs", "workers", "w1", count=1)
+    assert q.undelivered("jobs", "workers", ids) == ids[1:]
+    q.consume("jobs", "workers", "w2", count=2)
+    assert q.undelivered("jobs", "workers", ids) == ids[3:]
+    q.ensure_group("jobs", "others")   # another group has its own cursor
+    assert q.undelivered("jobs", "others", ids) == ids
+    assert q.undelivered("jobs", "workers", []) == []
+    with pytest.raises(ValueError):
+        q.undelivered("jobs", "nobody", ids)
+
+
 def test_messages_published_before_the_group_exists_are_delivered(make_queue):
     q = make_queue()
     first = q.publish("jobs", b"early")

@@ -96,6 +96,9 @@ class Queue(Protocol):
     def pending(self, stream: str, group: str) -> int:
         """Messages delivered to `group` and not acked yet."""
 
+    def undelivered(self, stream: str, group: str, ids: Sequence[str]) -> list[str]:
+        """Those of `ids` (as `publish` returned them) that `group` has not yet delivered to any consumer."""
+
     def length(self, stream: str) -> int:
         """Entries not yet acked by every group (what back-pressure bounds)."""
 

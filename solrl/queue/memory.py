@@ -135,6 +135,15 @@ class InMemoryQueue:
             self._check_open()
             return len(self._group(stream, group)[1].pel)
 
+    def undelivered(self, stream: str, group: str, ids: Sequence[str]) -> list[str]:
+        check_name(stream, "stream")
+        check_name(group, "group")
+        parsed = parse_ids(ids)
+        with self._cond:
+            self._check_open()
+            last = self._group(stream, group)[1].last_delivered
+            return [i for i, p in zip(ids, parsed) if p > last]
+
     def length(self, stream: str) -> int:
         check_name(stream, "stream")
         with self._cond:

@@ -121,6 +121,11 @@ return out
 """
 
 
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class RedisStreamQueue:
     """`Queue` on a Redis server (`url` as redis-py takes it, e.g. "redis://host:6379/0")."""
 
@@ -211,6 +216,17 @@ class RedisStreamQueue:
         check_name(stream, "stream")
         check_name(group, "group")
         return int(self._call(lambda: self._redis.xpending(self._key(stream), group), stream, group)["pending"])
+
+    def undelivered(self, stream: str, group: str, ids: Sequence[str]) -> list[str]:
+        check_name(stream, "stream")
+        check_name(group, "group")
+        parsed = parse_ids(ids)
+        groups = self._call(lambda: self._redis.xinfo_groups(self._key(stream)), stream, group)
+        info = next((g for g in groups if _text(g["name"]) == group), None)
+        if info is None:
+            raise no_group(stream, group)
+        last = parse_ids([_text(info["last-delivered-id"])])[0]
+        return [i for i, p in zip(ids, parsed) if p > last]
 
     def length(self, stream: str) -> int:
         check_name(stream, "stream")
