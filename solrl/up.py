@@ -186,8 +186,7 @@ def plan(cfg: RunConfig, *, redis_url: str, namespace: str, run_dir: Path, train
 
     r = cfg.rollout
     model = ["--model", cfg.model.name, *(["--model-path", cfg.model.path] if cfg.model.path else []),
-             "--base-precision", r.precision.backend, "--lora-rank", str(cfg.lora.rank),
-             "--lora-alpha", str(cfg.lora.alpha), "--lora-targets", ",".join(cfg.lora.targets),
+             "--base-precision", r.precision.backend,   # the LoRA layout comes with each pushed adapter
              "--reward", cfg.reward, "--reward-addr", f"{HOST}:{ports['reward'][0]}",
              "--micro-batch", str(r.micro_batch), "--threads", str(threads),
              "--redis-url", redis_url, "--queue-namespace", namespace]

@@ -356,12 +356,13 @@ def test_rejected_pushes_keep_the_old_version(world, served):
                                        "X-Adapter-Sha256": "0" * 64})
     rejected(chunked, 413, "over the limit")
 
+    # this server was started with a pinned LoRA (--lora-rank ...): any other layout is refused
     base = copy.deepcopy(world.model.transformer)
-    for spec, words in ((LoraSpec(rank=4, alpha=8.0, target_modules=world.lora.target_modules), "expected shape"),
-                        (LoraSpec(rank=2, alpha=4.0, target_modules=("to_q",)), "missing key"),
-                        (LoraSpec(rank=2, alpha=3.0, target_modules=world.lora.target_modules), "rank/alpha")):
+    for spec in (LoraSpec(rank=4, alpha=8.0, target_modules=world.lora.target_modules),
+                 LoraSpec(rank=2, alpha=4.0, target_modules=("to_q",)),
+                 LoraSpec(rank=2, alpha=3.0, target_modules=world.lora.target_modules)):
         other = encode_adapter(LoraAdapters(copy.deepcopy(base), spec, seed=0).state_dict("default"), 2, spec)
-        rejected(served.push(other, 2), 400, words)
+        rejected(served.push(other, 2), 400, "differ from the LoRA this server was started with")
 
     metadata = [("authorization", "Bearer wrong")]
     err = rpc_error(served.stub.LoadAdapter, explorer_pb2.LoadAdapterRequest(
@@ -375,6 +376,39 @@ def test_rejected_pushes_keep_the_old_version(world, served):
     metrics = served.http.get("/metrics").text
     assert 'solrl_adapter_loads_total{outcome="unauthenticated",service="explorer"} 5.0' in metrics
 
+
+def test_an_unpinned_server_serves_the_layout_each_adapter_declares(world):
+    """Started without LoRA flags (as compose and the manifests start it), a worker takes rank, alpha and
+    targets from each pushed adapter's metadata, and the result equals the core's merged copy."""
+    s = Served(ExplorerDataPlane(world.model, PRECISION, None, world.scorer, steps=2, kept=2))
+    try:
+        assert s.push(world.payloads[1], 1).status_code == 200      # rank 2 / alpha 4, all four targets
+        assert_matches(s.explore(min_adapter_version=1), world, 1)
+        spec = LoraSpec(rank=4, alpha=8.0, target_modules=("to_q", "to_v"))
+        adapters = LoraAdapters(copy.deepcopy(world.model.transformer), spec, seed=3)
+        with torch.no_grad():
+            for p in adapters.parameters("default"):
+                p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(7)))
+        data = encode_adapter(adapters.state_dict("default"), 2, spec)
+        assert s.push(data, 2).status_code == 200                  # another layout: served as declared
+        ref = InferenceCopy(adapters, PRECISION, world.model.spec.quant_skip, world.model.spec.quant_min_features)
+        ref.sync(adapters.merged_weights("default"), 2)
+        want = explore(world.model, ref.module, [PROMPT], [list(SEEDS)], 2, SamplerSpec(), world.scorer, 2,
+                       "best_worst")
+        got = s.explore(min_adapter_version=2)
+        assert got.adapter_version.version == 2 and list(got.kept_indices) == want.kept[0]
+        np.testing.assert_array_equal(np.array(got.proxy_scores, dtype=np.float32), want.scores[0])
+        assert not np.array_equal(want.scores[0], world.expected[1].scores[0])  # the new layout changed them
+        # a layout this model does not have is refused, naming why, and version 2 stays
+        alien = LoraSpec(rank=2, alpha=4.0, target_modules=("to_q",))
+        state = {k.replace("to_q", "to_nowhere"): v for k, v in
+                 LoraAdapters(copy.deepcopy(world.model.transformer), alien, seed=0).state_dict("default").items()}
+        bad = encode_adapter(state, 3, LoraSpec(rank=2, alpha=4.0, target_modules=("to_nowhere",)))
+        response = s.push(bad, 3)
+        assert response.status_code == 400 and "does not fit this model" in response.json()["detail"], response.text
+        assert s.version() == 2
+    finally:
+        s.close()
 
 def test_without_a_token_hot_reload_is_refused(world):
     s = Served(world.plane(), token=None)
@@ -460,7 +494,7 @@ def test_command_line_serves_the_saved_model_with_the_env_token(world):
     args = p.parse_args(["--model-path", str(world.path), "--lora-rank", "2", "--lora-alpha", "4",
                          "--reward", "jpeg_compressibility", "--steps", "2", "--kept", "2",
                          "--grpc-port", str(grpc_port), "--http-port", str(http_port), "--base-precision", "fp32"])
-    assert args.host == "127.0.0.1" and args.precision == "nvfp4-emu"
+    assert args.host == "127.0.0.1" and args.precision is None   # unset: the run's, else the role default
     stop = threading.Event()
     runner = threading.Thread(target=explorer_server.run, args=(args, stop, {"SOLRL_ADAPTER_TOKEN": TOKEN}))
     runner.start()
@@ -488,3 +522,38 @@ def test_command_line_serves_the_saved_model_with_the_env_token(world):
         stop.set()
         runner.join(30)
     assert not runner.is_alive()
+
+
+def test_rollout_roles_take_their_settings_from_the_run_config():
+    """SOLRL_PRESET + SOLRL_SET (what compose and the manifests give every role) set what the trainer
+    trains and what each rollout service serves; explicit flags win; bad input names the variable."""
+    import argparse
+
+    from services.common.rollout_shell import settle_role_args
+    from services.regenerator import server as regenerator_server
+    from solrl.config import resolve
+
+    env = {"SOLRL_PRESET": "shapes-sol-rl",
+           "SOLRL_SET": "rollout.explore_steps=3 rollout.kept=4 rollout.steps=7 reward=jpeg_compressibility"}
+    cfg = resolve("shapes-sol-rl", None, env["SOLRL_SET"].split())
+    for module, role, want in ((explorer_server, "explorer", {"precision": cfg.rollout.explore_precision.backend,
+                                                              "steps": 3, "kept": 4}),
+                               (regenerator_server, "regenerator", {"precision": cfg.rollout.precision.backend,
+                                                                    "steps": 7})):
+        p = argparse.ArgumentParser()
+        module.add_arguments(p, environ=env)
+        args = settle_role_args(p.parse_args([]), role)
+        got = {k: getattr(args, k) for k in want}
+        assert got == want, (role, got)
+        assert (args.model, args.reward, args.base_precision, args.micro_batch) == \
+            (cfg.model.name, "jpeg_compressibility", cfg.rollout.precision.backend, cfg.rollout.micro_batch)
+        explicit = settle_role_args(p.parse_args(["--steps", "5", "--reward", "shapes"]), role)
+        assert (explicit.steps, explicit.reward) == (5, "shapes")
+    p = argparse.ArgumentParser()
+    explorer_server.add_arguments(p, environ={})
+    plain = settle_role_args(p.parse_args([]), "explorer")
+    assert (plain.precision, plain.steps, plain.kept, plain.model) == ("nvfp4-emu", 6, 24, "shapes")
+    p = argparse.ArgumentParser()
+    explorer_server.add_arguments(p, environ={"SOLRL_SET": "rollout.kept"})
+    with pytest.raises(ValueError, match="SOLRL_SET"):
+        settle_role_args(p.parse_args([]), "explorer")

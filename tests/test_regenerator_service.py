@@ -239,7 +239,10 @@ def test_command_line_serves_the_saved_model(world):
     args = p.parse_args(["--model-path", str(world.path), "--lora-rank", "2", "--lora-alpha", "4", "--reward",
                          "jpeg_compressibility", "--base-precision", "fp32", "--grpc-port", str(ports[0]),
                          "--http-port", str(ports[1])])
-    assert (args.precision, args.steps, args.host) == ("bf16", 10, "127.0.0.1")
+    from services.common.rollout_shell import settle_role_args
+
+    assert (args.precision, args.steps, args.host) == (None, None, "127.0.0.1")   # unset: settled at start
+    assert (settle_role_args(argparse.Namespace(**vars(args)), "regenerator").precision,) == ("bf16",)
     stop = threading.Event()
     runner = threading.Thread(target=regenerator_server.run, args=(args, stop, {}))
     runner.start()

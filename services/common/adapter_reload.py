@@ -23,6 +23,8 @@ import hmac
 import logging
 import threading
 import time
+import urllib.parse
+import urllib.request
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +42,7 @@ from torch import Tensor, nn
 from services.common.errors import UnavailableError
 from services.common.metrics import ServiceMetrics
 from solrl.adapters import LoraSpec, decode_adapter, sha256_hex
-from solrl.adapters.lora import PREFIX
+from solrl.adapters.lora import PREFIX, check_state
 from solrl.adapters.merge import lora_layout, merge_lora, target_weights
 from solrl.models.base import ModelSpec
 from solrl.precision import PrecisionConfig, build_backend
@@ -119,17 +121,22 @@ class HotSwapModel:
 
     ADAPTER = "served"   # the peft adapter name of an unmerged LoRA
 
-    def __init__(self, base: nn.Module, lora: LoraSpec, precision: PrecisionConfig) -> None:
+    def __init__(self, base: nn.Module, lora: LoraSpec | None, precision: PrecisionConfig) -> None:
         if not isinstance(base, nn.Module):
             raise TypeError(f"base must be an nn.Module, got {type(base).__name__}")
-        if not isinstance(lora, LoraSpec):
-            raise TypeError(f"lora must be a LoraSpec, got {type(lora).__name__}")
+        if lora is not None and not isinstance(lora, LoraSpec):
+            raise TypeError(f"lora must be a LoraSpec or None, got {type(lora).__name__}")
+        # lora: a pinned layout every push must have, or None: each push brings its own (rank, alpha and
+        # targets from the adapter's metadata), so a worker never serves its own flags' guess of the
+        # trainer's LoRA
         self.lora, self.precision = lora, precision
         self._base = base.eval().requires_grad_(False)
-        self.layout = lora_layout(self._base, lora)
-        self._base_weights = target_weights(self._base, lora)
+        self._layouts: dict[LoraSpec, tuple[dict[str, tuple[int, ...]], dict[str, Tensor]]] = {}
+        if lora is not None:
+            self._layout_for(lora)  # a pinned spec that matches no layer fails at start-up
         self._backend = build_backend(precision)
         self.merges = self._backend.quantizes
+        self.fetcher: AdapterFetcher | None = None  # pulls the current adapter when a call needs a newer one
         self._cond = threading.Condition()   # guards _current; notified on every swap
         self._load_lock = threading.Lock()   # one build at a time
         if self.merges:
@@ -139,7 +146,13 @@ class HotSwapModel:
             self._serving_base = self._backend.prepare(copy.deepcopy(self._base))
             self._current = ServingCopy(self._serving_base, 0, "")
 
-    def _build_unmerged(self, state: Mapping[str, Tensor]) -> nn.Module:
+    def _layout_for(self, spec: LoraSpec) -> tuple[dict[str, tuple[int, ...]], dict[str, Tensor]]:
+        """(adapter key -> shape, target name -> base weight) of `spec` on this base (cached per spec)."""
+        if spec not in self._layouts:
+            self._layouts[spec] = (lora_layout(self._base, spec), target_weights(self._base, spec))
+        return self._layouts[spec]
+
+    def _build_unmerged(self, state: Mapping[str, Tensor], spec: LoraSpec) -> nn.Module:
         """A new serving copy: the prepared base plus `state` as peft LoRA layers (fp32, the trainer's own
         layer type and order of operations: base(x) + s * B(A(x))). Only the module tree is copied: every
         version shares the prepared base's parameters and buffers (never modified), so a push allocates
@@ -148,10 +161,10 @@ class HotSwapModel:
         module = copy.deepcopy(self._serving_base, shared)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Already found a `peft_config`")
-            inject_adapter_in_model(self.lora.lora_config(), module, adapter_name=self.ADAPTER)
+            inject_adapter_in_model(spec.lora_config(), module, adapter_name=self.ADAPTER)
         cast_adapter_dtype(module, self.ADAPTER)   # fp32 LoRA on a bf16 base, as the trainer's
         with torch.no_grad():
-            for name in self._base_weights:
+            for name in self._layout_for(spec)[1]:
                 layer = module.get_submodule(name)
                 for part in ("lora_A", "lora_B"):
                     weight = getattr(layer, part)[self.ADAPTER].weight
@@ -179,7 +192,10 @@ class HotSwapModel:
 
     def acquire(self, min_version: int = 0, timeout: float = 0.0) -> ServingCopy:
         """The copy a call runs on: the current one, once its version is >= min_version (waits up to
-        `timeout` seconds for a push; UnavailableError after that)."""
+        `timeout` seconds for a push; UnavailableError after that). With a `fetcher`, a call that needs a
+        newer version than served first fetches the current adapter itself (a missed push)."""
+        if self.fetcher is not None and self.current().version < min_version:
+            self.fetcher.fetch()
         with self._cond:
             if not self._cond.wait_for(lambda: self._current.version >= min_version, timeout):
                 raise UnavailableError(f"serving adapter version {self._current.version}, the request needs "
@@ -215,20 +231,30 @@ class HotSwapModel:
                 raise AdapterRejected("stale", f"version {version} is not newer than the served version "
                                                f"{previous.version}")
             try:
-                payload = decode_adapter(data, self.layout, max_bytes)
+                payload = decode_adapter(data, None, max_bytes)
             except ValueError as exc:
                 raise AdapterRejected("invalid", f"adapter: {exc}") from None
             if payload.version != version:
                 raise AdapterRejected("invalid", f"version {version} disagrees with the adapter's own "
                                                  f"metadata version {payload.version}")
-            if (payload.spec.rank, payload.spec.alpha) != (self.lora.rank, self.lora.alpha):
-                raise AdapterRejected("invalid", f"adapter rank/alpha {payload.spec.rank}/{payload.spec.alpha} differ "
-                                                 f"from the served LoRA spec {self.lora.rank}/{self.lora.alpha}")
+            spec = payload.spec
+            pinned = self.lora
+            if pinned is not None and (spec.rank, spec.alpha, spec.target_modules) != \
+                    (pinned.rank, pinned.alpha, pinned.target_modules):
+                raise AdapterRejected("invalid", f"adapter LoRA rank/alpha/targets {spec.rank}/{spec.alpha}/"
+                                                 f"{list(spec.target_modules)} differ from the LoRA this server was "
+                                                 f"started with, {pinned.rank}/{pinned.alpha}/"
+                                                 f"{list(pinned.target_modules)}")
+            try:
+                layout, base_weights = self._layout_for(spec)
+                check_state(payload.state, layout, "adapter")
+            except (TypeError, ValueError) as exc:
+                raise AdapterRejected("invalid", f"adapter does not fit this model: {exc}") from None
             t0 = time.perf_counter()
             if self.merges:
-                module = self._build(merge_lora(self._base_weights, payload.state, self.lora))
+                module = self._build(merge_lora(base_weights, payload.state, spec))
             else:
-                module = self._build_unmerged(payload.state)
+                module = self._build_unmerged(payload.state, spec)
             with self._cond:
                 self._current = ServingCopy(module, version, actual)
                 self._cond.notify_all()
@@ -237,7 +263,47 @@ class HotSwapModel:
         return LoadResult(version, actual, swap_ms, previous.version)
 
 
-def _bearer(value: str | None) -> str | None:
+class AdapterFetcher:
+    """Pulls the run's current adapter from the trainer's GET /v1/adapter/current and loads it through
+    `HotSwapModel.load` (the same checks as a push). Used at start-up, so a rollout service that starts
+    or restarts mid-run serves the current adapter before it takes jobs, and when a call needs a newer
+    version than was pushed here. Failures are logged, never raised: pushes still work without it."""
+
+    def __init__(self, trainer_url: str, token: str | None, model: HotSwapModel, timeout_s: float = 30.0) -> None:
+        parsed = urllib.parse.urlsplit(trainer_url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError(f"--trainer-url must be http(s)://host:port, got {trainer_url!r}")
+        self.url = trainer_url.rstrip("/") + "/v1/adapter/current"
+        self.token, self.model, self.timeout_s = token, model, float(timeout_s)
+        self._lock = threading.Lock()
+
+    def fetch(self) -> int | None:
+        """Load the trainer's current adapter if it is newer; the version served afterwards, or None when
+        the trainer could not be asked or has pushed nothing yet."""
+        with self._lock:   # concurrent calls needing a newer version share one fetch
+            request = urllib.request.Request(self.url, headers={"Authorization": f"Bearer {self.token or ''}"})
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    if response.status == 204:
+                        return None
+                    data = response.read(DEFAULT_MAX_ADAPTER_BYTES + 1)
+                    version = int(response.headers.get(VERSION_HEADER, "0"))
+                    sha256 = response.headers.get(SHA256_HEADER, "")
+            except (OSError, ValueError) as exc:   # URLError and HTTPError are OSErrors
+                log.warning("could not fetch the current adapter from %s: %s", self.url, exc)
+                return None
+            if version <= self.model.current().version:
+                return self.model.current().version
+            try:
+                result = self.model.load(data, version=version, sha256=sha256)
+            except AdapterRejected as exc:
+                log.warning("adapter version %d fetched from %s refused (%s): %s", version, self.url, exc.reason, exc)
+                return None
+            log.info("fetched adapter version %d from %s", result.version, self.url)
+            return result.version
+
+
+def bearer_token(value: str | None) -> str | None:
     """The token of an 'Authorization: Bearer <token>' value (None if absent or another scheme)."""
     if not value:
         return None
@@ -295,7 +361,7 @@ class AdapterEndpoint:
     def load(self, authorization: str | None, data: bytes, version: int, sha256: str) -> LoadResult:
         """Authorize (the raw Authorization value) then HotSwapModel.load; outcomes are counted."""
         try:
-            self.authorize(_bearer(authorization))
+            self.authorize(bearer_token(authorization))
             result = self.model.load(data, version=version, sha256=sha256, max_bytes=self.max_bytes)
         except AdapterRejected as exc:
             self._count(exc.reason)
@@ -332,7 +398,7 @@ class AdapterEndpoint:
         async def put_adapter(request: Request) -> dict[str, Any]:
             authorization = request.headers.get("authorization")
             try:
-                self.authorize(_bearer(authorization))  # before reading a byte of the body
+                self.authorize(bearer_token(authorization))  # before reading a byte of the body
                 data = await self._read_body(request)
                 version = _header_int(request.headers.get(VERSION_HEADER), VERSION_HEADER)
                 sha256 = request.headers.get(SHA256_HEADER)

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 ENV_HOST = "SOLRL_BIND_HOST"
 ENV_GRPC_PORT = "SOLRL_GRPC_PORT"
 ENV_HTTP_PORT = "SOLRL_HTTP_PORT"
+# One run's settings for every role: the preset and KEY=VALUE overrides the trainer trains with and the
+# rollout services take their model, path, precisions, reward and sampling defaults from.
+ENV_PRESET = "SOLRL_PRESET"
+ENV_SET = "SOLRL_SET"
+ENV_TRAINER_URL = "SOLRL_TRAINER_URL"   # the trainer's ops URL a rollout service fetches the current adapter from
 
 
 def _port(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -38,3 +44,16 @@ class Addresses:
         return cls(host=environ.get(ENV_HOST, "").strip() or host,
                    grpc_port=_port(environ, ENV_GRPC_PORT, grpc_port),
                    http_port=_port(environ, ENV_HTTP_PORT, http_port))
+
+
+def split_overrides(text: str) -> list[str]:
+    """KEY=VALUE overrides from the value of env SOLRL_SET (separated by spaces or newlines; shell quoting
+    allowed). Errors name SOLRL_SET."""
+    try:
+        items = shlex.split(text or "")
+    except ValueError as exc:
+        raise ValueError(f"{ENV_SET}: cannot split {text!r}: {exc}") from None
+    bad = [i for i in items if "=" not in i]
+    if bad:
+        raise ValueError(f"{ENV_SET}: expected KEY=VALUE items, got {bad}")
+    return items

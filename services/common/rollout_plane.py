@@ -131,13 +131,13 @@ class RolloutPlane:
     """A hot-reloadable copy of `model.transformer` serving one rollout role.
 
     `model.transformer` becomes the plain base the adapters are applied to (kept as given); `precision`
-    is combined with the model's quantization skip list; `lora` is the layout pushed adapters must
-    have. A request for a newer adapter version than served waits up to `version_wait_s`.
+    is combined with the model's quantization skip list; `lora` pins the layout pushed adapters must
+    have (None: each adapter's own metadata). A request for a newer adapter version than served waits up to `version_wait_s`.
     """
 
     SERVICE = ""
 
-    def __init__(self, model: T2IModel, precision: PrecisionConfig, lora: LoraSpec, scorer: Scorer, *,
+    def __init__(self, model: T2IModel, precision: PrecisionConfig, lora: LoraSpec | None, scorer: Scorer, *,
                  model_name: str, steps: int, sampler: SamplerSpec | None, micro_batch: int, max_seeds: int,
                  max_steps: int, version_wait_s: float) -> None:
         if not isinstance(model, T2IModel):
@@ -158,6 +158,8 @@ class RolloutPlane:
         self.hot = HotSwapModel(model.transformer, lora, serving_precision(precision, model.spec))
         self.cache = PromptCache(model)
         self._closed = False
+        # how the base was loaded (set by the service shell; reported by Info for the trainer's check)
+        self.base_precision, self.model_path = "", ""
 
     def ready(self) -> bool:
         return not self._closed
@@ -170,7 +172,8 @@ class RolloutPlane:
     def info(self) -> dict[str, Any]:
         cur = self.hot.current()
         return {"service": self.SERVICE, "version": solrl.__version__, "model": self.model_name,
-                "precision": self.hot.backend, "adapter_version": cur.version, "adapter_sha256": cur.sha256,
+                "precision": self.hot.backend, "base_precision": self.base_precision, "model_path": self.model_path,
+                "adapter_version": cur.version, "adapter_sha256": cur.sha256,
                 "resident_weight_bytes": self.hot.weight_bytes()["total"],
                 "reward": getattr(self.scorer, "name", type(self.scorer).__name__),
                 "defaults": self.defaults(), "ready": self.ready()}

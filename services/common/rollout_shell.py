@@ -17,9 +17,16 @@ from services.common.adapter_reload import (
     DEFAULT_MAX_ADAPTER_BYTES,
     ENV_ADAPTER_TOKEN,
     AdapterEndpoint,
+    AdapterFetcher,
     HotSwapModel,
 )
-from services.common.env import Addresses
+from services.common.env import (
+    ENV_PRESET,
+    ENV_SET,
+    ENV_TRAINER_URL,
+    Addresses,
+    split_overrides,
+)
 from services.common.grpc_server import GrpcServer
 from services.common.lifecycle import RunningService, serve_until_stopped
 from services.common.metrics import ServiceMetrics
@@ -27,6 +34,7 @@ from services.common.ops import HttpServer, create_ops_app
 from services.common.rollout_plane import ENV_REWARD_ADDR, build_scorer
 from services.common.workers import start_consumer
 from solrl.adapters import LoraSpec
+from solrl.config import resolve
 from solrl.models import available_models, load_model
 from solrl.models.base import T2IModel
 from solrl.precision import PrecisionConfig, available_backends, build_backend
@@ -71,26 +79,57 @@ def serve(plane: Any, hot: HotSwapModel, metrics: ServiceMetrics,
     return RolloutService(plane, server, http, metrics, stopping, adapters=adapters)
 
 
+# Role settings a run config gives (RunConfig attribute paths); unset flags take them from --preset /
+# SOLRL_PRESET + SOLRL_SET, the same settings the trainer resolves, else the role's own defaults.
+_FROM_RUN = {
+    "model": lambda c, role: c.model.name,
+    "model_path": lambda c, role: c.model.path or None,
+    "base_precision": lambda c, role: c.rollout.precision.backend,
+    "reward": lambda c, role: c.reward,
+    "micro_batch": lambda c, role: c.rollout.micro_batch,
+    "precision": lambda c, role: (c.rollout.explore_precision if role == "explorer" else c.rollout.precision).backend,
+    "steps": lambda c, role: c.rollout.explore_steps if role == "explorer" else c.rollout.steps,
+    "kept": lambda c, role: c.rollout.kept,
+    "selection": lambda c, role: c.rollout.selection,
+}
+
+
 def add_model_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], *, precision: str,
                         steps: int, grpc_port: int, http_port: int) -> None:
-    """Options shared by the explorer and the regenerator."""
+    """Options shared by the explorer and the regenerator. Model, precisions, reward and sampling
+    defaults left unset come from the run config (`settle_role_args`)."""
     addr = Addresses.from_env(environ, grpc_port=grpc_port, http_port=http_port)
-    p.add_argument("--model", default="shapes", choices=available_models(), help="model registry name")
-    p.add_argument("--model-path", default=None, help="local weights directory (default: the model's own)")
-    p.add_argument("--precision", default=precision, choices=available_backends(), help="serving precision backend")
-    p.add_argument("--base-precision", default="bf16", choices=("bf16", "fp32"),
-                   help="precision the trainer holds its base weights in (RunConfig rollout.precision); "
-                        "adapters are merged into base weights rounded the same way")
-    p.add_argument("--lora-rank", type=int, default=32)
-    p.add_argument("--lora-alpha", type=float, default=64.0)
-    p.add_argument("--lora-targets", default="", help="comma-separated LoRA target modules (default: the model's)")
-    p.add_argument("--reward", default="shapes", help="reward (scorer) name")
+    p.set_defaults(role_defaults={"model": "shapes", "model_path": None, "base_precision": "bf16",
+                                  "reward": "shapes", "micro_batch": 64, "precision": precision, "steps": steps})
+    p.add_argument("--preset", default=environ.get(ENV_PRESET) or None,
+                   help=f"run preset whose settings this role serves (env {ENV_PRESET}), as the trainer's")
+    p.add_argument("--config", default=None, help="a run config JSON instead of a preset, as the trainer's")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help=f"run config override (after those of env {ENV_SET}), as the trainer's")
+    p.set_defaults(env_set=environ.get(ENV_SET, ""))
+    p.add_argument("--model", default=None, choices=available_models(),
+                   help="model registry name (default: the run's model.name, else shapes)")
+    p.add_argument("--model-path", default=None, help="local weights directory (default: the run's model.path)")
+    p.add_argument("--precision", default=None, choices=available_backends(),
+                   help=f"serving precision backend (default: the run's, else {precision})")
+    p.add_argument("--base-precision", default=None, choices=("bf16", "fp32"),
+                   help="precision the trainer holds its base weights in (default: the run's rollout.precision, "
+                        "else bf16); adapters are merged into base weights rounded the same way")
+    p.add_argument("--lora-rank", type=int, default=None,
+                   help="pin the LoRA rank pushed adapters must have (default: each adapter's own, from its metadata)")
+    p.add_argument("--lora-alpha", type=float, default=None, help="pin the LoRA alpha (with --lora-rank)")
+    p.add_argument("--lora-targets", default="",
+                   help="pin the LoRA target modules, comma-separated (with --lora-rank; default: the model's)")
+    p.add_argument("--reward", default=None, help="reward (scorer) name (default: the run's, else shapes)")
     p.add_argument("--reward-addr", default=environ.get(ENV_REWARD_ADDR, ""),
                    help=f"host:port of a reward service to score with (env {ENV_REWARD_ADDR}; empty: in process)")
-    p.add_argument("--steps", type=int, default=steps, help="default sampling steps")
-    p.add_argument("--micro-batch", type=int, default=64, help="images per model forward")
+    p.add_argument("--steps", type=int, default=None, help=f"default sampling steps (default: the run's, else {steps})")
+    p.add_argument("--micro-batch", type=int, default=None, help="images per model forward (default: the run's, else 64)")
     p.add_argument("--version-wait-s", type=float, default=30.0,
-                   help="how long a request for a newer adapter version waits for its push")
+                   help="how long a request for a newer adapter version waits for it")
+    p.add_argument("--trainer-url", default=environ.get(ENV_TRAINER_URL, ""),
+                   help=f"the trainer's ops URL (env {ENV_TRAINER_URL}, e.g. http://trainer:8093): fetch the current "
+                        "adapter from it at start and whenever a job needs a newer one than was pushed here")
     p.add_argument("--max-adapter-bytes", type=int, default=DEFAULT_MAX_ADAPTER_BYTES)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--host", default=addr.host, help="bind address (env SOLRL_BIND_HOST)")
@@ -99,14 +138,42 @@ def add_model_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], 
     p.add_argument("--max-workers", type=int, default=16, help="gRPC handler threads (RPCs in flight)")
 
 
-def load_served_model(args: argparse.Namespace) -> tuple[T2IModel, LoraSpec]:
-    """The model with its base weights rounded as the trainer holds them, and the LoRA spec."""
+def settle_role_args(args: argparse.Namespace, role: str) -> argparse.Namespace:
+    """Fill the settings left unset: from the run config (--preset / SOLRL_PRESET or --config, then
+    SOLRL_SET and --set) when one is given, so every role serves what the trainer trains from one set
+    of values; else the role's defaults. Explicit flags always win (the trainer's Info check then says if they disagree)."""
+    overrides = [*split_overrides(getattr(args, "env_set", "")), *(getattr(args, "set", None) or [])]
+    preset, config = getattr(args, "preset", None), getattr(args, "config", None)
+    cfg = resolve(preset, config, overrides) if (preset or config or overrides) else None
+    defaults = {**getattr(args, "role_defaults", {}), "kept": 24, "selection": "best_worst"}
+    for name, default in defaults.items():
+        if not hasattr(args, name) or getattr(args, name) is not None:
+            continue
+        setattr(args, name, _FROM_RUN[name](cfg, role) if cfg is not None else default)
+    if args.model not in available_models():
+        raise ValueError(f"model {args.model!r} (from the run config) is not one of {available_models()}")
+    return args
+
+
+def pinned_lora(args: argparse.Namespace, model: T2IModel) -> LoraSpec | None:
+    """The LoRA layout pinned by --lora-rank / --lora-alpha / --lora-targets, or None (the usual case):
+    then every pushed adapter brings its own layout in its metadata, so a worker started with no LoRA
+    flags serves whatever the trainer trains."""
+    targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
+    if args.lora_rank is None and args.lora_alpha is None and not targets:
+        return None
+    if args.lora_rank is None or args.lora_alpha is None:
+        raise ValueError("--lora-rank and --lora-alpha pin the LoRA layout together: give both or neither")
+    return LoraSpec(rank=args.lora_rank, alpha=args.lora_alpha, target_modules=targets or model.spec.lora_targets)
+
+
+def load_served_model(args: argparse.Namespace) -> tuple[T2IModel, LoraSpec | None]:
+    """The model with its base weights rounded as the trainer holds them, and the pinned LoRA spec (if any)."""
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, args.model_path)
     build_backend(PrecisionConfig(args.base_precision)).prepare(model.transformer)
-    targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip()) or model.spec.lora_targets
-    return model, LoraSpec(rank=args.lora_rank, alpha=args.lora_alpha, target_modules=targets)
+    return model, pinned_lora(args, model)
 
 
 def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event | None,
@@ -116,11 +183,18 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
     --redis-url is set) until SIGTERM / SIGINT or `stop`."""
     environ = os.environ if environ is None else environ
     log = logging.getLogger(f"solrl.services.{role}")
+    settle_role_args(args, role)
     model, lora = load_served_model(args)
     plane = build_plane(model, lora, build_scorer(args.reward, args.reward_addr or None))
+    plane.model_name, plane.base_precision, plane.model_path = args.model, args.base_precision, args.model_path or ""
     svc = start(plane, ServiceMetrics(role), host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                 max_workers=args.max_workers, adapter_token=environ.get(ENV_ADAPTER_TOKEN) or None,
                 max_adapter_bytes=args.max_adapter_bytes)
+    token = environ.get(ENV_ADAPTER_TOKEN) or None
+    if getattr(args, "trainer_url", ""):
+        # before any job is taken: a pod that starts or restarts mid-run serves the run's current adapter
+        plane.hot.fetcher = AdapterFetcher(args.trainer_url, token, plane.hot)
+        plane.hot.fetcher.fetch()
     consumer = start_consumer(role, plane, args.redis_url, args.queue_namespace, args.claim_idle_ms) \
         if getattr(args, "redis_url", "") else None
     if not svc.adapters.enabled:

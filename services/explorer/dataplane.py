@@ -83,12 +83,12 @@ class ExplorerDataPlane(RolloutPlane):
     """Explore over a hot-reloadable low-precision copy of `model.transformer`.
 
     `model.transformer` becomes the plain base the adapters merge into (kept as given); `precision`
-    is combined with the model's quantization skip list; `lora` is the layout pushed adapters must
-    have. Defaults for requests that leave them out: `steps`, `kept`, `selection`, `sampler`.
+    is combined with the model's quantization skip list; `lora` pins the layout pushed adapters must
+    have (None: each adapter's own metadata). Defaults for requests that leave them out: `steps`, `kept`, `selection`, `sampler`.
     A request for a newer adapter version than served waits up to `version_wait_s`.
     """
 
-    def __init__(self, model: T2IModel, precision: PrecisionConfig, lora: LoraSpec, scorer: Scorer, *,
+    def __init__(self, model: T2IModel, precision: PrecisionConfig, lora: LoraSpec | None, scorer: Scorer, *,
                  model_name: str = "", steps: int = 6, kept: int = 24, selection: str = "best_worst",
                  sampler: SamplerSpec | None = None, micro_batch: int = 64, max_seeds: int = 4096,
                  max_steps: int = 1000, version_wait_s: float = 30.0) -> None:

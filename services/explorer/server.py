@@ -90,6 +90,7 @@ class ExplorerServicer(explorer_pb2_grpc.ExplorerServicer):
         info = self.plane.info()
         return explorer_pb2.InfoResponse(
             model=info["model"], precision=info["precision"], reward=info["reward"],
+            base_precision=info["base_precision"], model_path=info["model_path"],
             adapter_version=common_pb2.AdapterVersion(version=info["adapter_version"], sha256=info["adapter_sha256"]),
             resident_weight_bytes=info["resident_weight_bytes"])
 
@@ -153,8 +154,9 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
     """The explorer's command-line options (for `solrl serve explorer` too)."""
     add_model_arguments(p, os.environ if environ is None else environ, precision="nvfp4-emu", steps=6,
                         grpc_port=DEFAULT_GRPC_PORT, http_port=DEFAULT_HTTP_PORT)
-    p.add_argument("--kept", type=int, default=24, help="default seeds kept per prompt (k)")
-    p.add_argument("--selection", default="best_worst", choices=SELECTION_MODES, help="default selection mode")
+    p.add_argument("--kept", type=int, default=None, help="default seeds kept per prompt (k; default: the run's, else 24)")
+    p.add_argument("--selection", default=None, choices=SELECTION_MODES,
+                   help="default selection mode (default: the run's, else best_worst)")
     add_consumer_arguments(p, os.environ if environ is None else environ)
 
 

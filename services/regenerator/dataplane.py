@@ -46,12 +46,12 @@ class RegeneratorDataPlane(RolloutPlane):
     """Regenerate over a hot-reloadable copy of `model.transformer` in `precision` (BF16 by default).
 
     `model.transformer` becomes the plain base the adapters are applied to (kept as given; unmerged
-    in bf16 / fp32, see HotSwapModel); `lora` is the
-    layout pushed adapters must have. A request for a newer adapter version than served waits up to
+    in bf16 / fp32, see HotSwapModel); `lora` pins the
+    layout pushed adapters must have (None: each adapter's own metadata). A request for a newer adapter version than served waits up to
     `version_wait_s`.
     """
 
-    def __init__(self, model: T2IModel, precision: PrecisionConfig, lora: LoraSpec, scorer: Scorer, *,
+    def __init__(self, model: T2IModel, precision: PrecisionConfig, lora: LoraSpec | None, scorer: Scorer, *,
                  model_name: str = "", steps: int = 10, sampler: SamplerSpec | None = None, micro_batch: int = 64,
                  max_seeds: int = 4096, max_steps: int = 1000, version_wait_s: float = 30.0) -> None:
         super().__init__(model, precision, lora, scorer, model_name=model_name, steps=steps, sampler=sampler,

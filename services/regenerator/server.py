@@ -86,6 +86,7 @@ class RegeneratorServicer(regenerator_pb2_grpc.RegeneratorServicer):
         info = self.plane.info()
         return regenerator_pb2.InfoResponse(
             model=info["model"], precision=info["precision"], reward=info["reward"],
+            base_precision=info["base_precision"], model_path=info["model_path"],
             adapter_version=common_pb2.AdapterVersion(version=info["adapter_version"], sha256=info["adapter_sha256"]),
             resident_weight_bytes=info["resident_weight_bytes"])
 

@@ -15,20 +15,30 @@ comes only from SOLRL_ADAPTER_TOKEN. The process exits when the run is done (0) 
 from __future__ import annotations
 
 import argparse
+import hmac
+import json
 import logging
 import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
+from fastapi import FastAPI, Header
+from fastapi.responses import JSONResponse, Response
 
 import solrl
-from services.common.adapter_reload import ENV_ADAPTER_TOKEN
-from services.common.env import Addresses
+from services.common.adapter_reload import (
+    ENV_ADAPTER_TOKEN,
+    SHA256_HEADER,
+    VERSION_HEADER,
+    bearer_token,
+)
+from services.common.env import ENV_PRESET, ENV_SET, Addresses, split_overrides
 from services.common.grpc_server import (
     MAX_GRPC_MESSAGE_SIZE,
     GrpcService,
@@ -43,7 +53,8 @@ from services.common.workers import (
     ENV_QUEUE_NAMESPACE,
     ENV_REDIS_URL,
 )
-from solrl.config import RunConfig, resolve_run
+from solrl.checkpoint import latest_checkpoint
+from solrl.config import ConfigError, RunConfig, resolve_run
 from solrl.distributed import RemoteSession, run_distributed
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
@@ -91,17 +102,30 @@ def expand_addrs(addrs: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+# LoadAdapter outcomes that mean "this pod is not there (now)": retried, then the pod is dropped from
+# this push (it fetches the current adapter itself when it comes back, see AdapterFetcher). Any other
+# failure (a refused token, a layout that does not fit, a stale version) is a configuration error
+# and ends the run.
+TRANSIENT_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
 class AdapterPusher:
-    """Pushes an adapter to every explorer and regenerator with the LoadAdapter RPC (bearer token)."""
+    """Pushes an adapter to every explorer and regenerator with the LoadAdapter RPC (bearer token).
+
+    A target that is gone (UNAVAILABLE / DEADLINE_EXCEEDED) is retried for up to `retry_s` seconds,
+    then dropped from this push with a warning: a scaled-down or evicted pod does not end the run.
+    The last pushed adapter stays in `current` (served on the trainer's GET /v1/adapter/current)."""
 
     def __init__(self, explorers: Sequence[str], regenerators: Sequence[str], token: str | None,
-                 timeout_s: float = 120.0) -> None:
+                 timeout_s: float = 120.0, retry_s: float = 30.0) -> None:
         if (explorers or regenerators) and not token:
             raise ValueError(f"{ENV_ADAPTER_TOKEN} must be set to push adapters to the rollout services")
         self.metadata = (("authorization", f"Bearer {token}"),)
-        self.timeout_s = float(timeout_s)
+        self.timeout_s, self.retry_s = float(timeout_s), float(retry_s)
         self.explorers, self.regenerators = list(explorers), list(regenerators)
         self._channels: dict[str, grpc.Channel] = {}
+        self.current: tuple[bytes, int, str] | None = None   # (safetensors, version, sha256)
+        self.dropped: list[tuple[int, str, str]] = []         # (version, address, why)
 
     def _channel(self, address: str) -> grpc.Channel:
         if address not in self._channels:
@@ -110,30 +134,119 @@ class AdapterPusher:
             self._channels[address] = grpc.insecure_channel(address, options=options)
         return self._channels[address]
 
-    @property
-    def targets(self) -> list[tuple[str, Callable, type]]:
-        """(address, LoadAdapter stub, request class) per rollout service, `all+` names resolved now,
-        so pods added since the last push (a scaled Deployment) get the adapter too."""
-        out: list[tuple[str, Callable, type]] = []
+    def workers(self) -> list[tuple[str, str, Any]]:
+        """(role, address, stub) per rollout service, `all+` names resolved now, so pods added since the
+        last call (a scaled Deployment) are included."""
+        out: list[tuple[str, str, Any]] = []
         for a in expand_addrs(self.explorers):
-            out.append((a, explorer_pb2_grpc.ExplorerStub(self._channel(a)).LoadAdapter, explorer_pb2.LoadAdapterRequest))
+            out.append(("explorer", a, explorer_pb2_grpc.ExplorerStub(self._channel(a))))
         for a in expand_addrs(self.regenerators):
-            out.append((a, regenerator_pb2_grpc.RegeneratorStub(self._channel(a)).LoadAdapter,
-                        regenerator_pb2.LoadAdapterRequest))
+            out.append(("regenerator", a, regenerator_pb2_grpc.RegeneratorStub(self._channel(a))))
         return out
 
+    @property
+    def targets(self) -> list[tuple[str, Callable, type]]:
+        """(address, LoadAdapter stub, request class) per rollout service."""
+        request = {"explorer": explorer_pb2.LoadAdapterRequest, "regenerator": regenerator_pb2.LoadAdapterRequest}
+        return [(a, stub.LoadAdapter, request[role]) for role, a, stub in self.workers()]
+
     def __call__(self, data: bytes, version: int, sha256: str) -> None:
+        self.current = (bytes(data), version, sha256)
         for address, rpc, request in self.targets:
-            try:
-                rpc(request(safetensors=data, version=version, sha256=sha256), metadata=self.metadata,
-                    timeout=self.timeout_s, wait_for_ready=True)
-            except grpc.RpcError as exc:
-                raise RuntimeError(f"pushing adapter version {version} to {address}: "
-                                   f"{exc.code().name}: {exc.details()}") from None
+            deadline = time.monotonic() + self.retry_s
+            wait = 0.5
+            while True:
+                try:
+                    rpc(request(safetensors=data, version=version, sha256=sha256), metadata=self.metadata,
+                        timeout=self.timeout_s)
+                    break
+                except grpc.RpcError as exc:
+                    why = f"{exc.code().name}: {exc.details()}"
+                    if exc.code() not in TRANSIENT_CODES:
+                        raise RuntimeError(f"pushing adapter version {version} to {address}: {why}") from None
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        log.warning("adapter version %d not pushed to %s after %.1f s (%s): dropped from this "
+                                    "push; it fetches the adapter itself when it is back", version, address,
+                                    self.retry_s, why)
+                        self.dropped.append((version, address, why))
+                        break
+                    time.sleep(min(wait, left))
+                    wait = min(wait * 2, 5.0)
 
     def close(self) -> None:
         for c in self._channels.values():
             c.close()
+
+
+def _family(precision: str) -> str:
+    """Precision backends that compute the same format: an emulated backend and its kernel (nvfp4-emu /
+    nvfp4) are compatible; the trainer cannot tell a CPU test bed from a GPU node by config alone."""
+    return precision.removesuffix("-emu")
+
+
+def worker_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> list[str]:
+    """What a rollout service's Info says that disagrees with the run's config (empty: it fits)."""
+    r = cfg.rollout
+    want_precision = r.explore_precision.backend if role == "explorer" else r.precision.backend
+    checks = [("model", info.model, cfg.model.name, "model.name"),
+              ("model path", info.model_path, cfg.model.path or "", "model.path"),
+              ("base precision", info.base_precision, r.precision.backend, "rollout.precision.backend"),
+              ("reward", info.reward, cfg.reward, "reward")]
+    out = [f"{role} {address} serves {what} {got!r}, the run has {key}={want!r}"
+           for what, got, want, key in checks if got != want]
+    if _family(info.precision) != _family(want_precision):
+        key = "rollout.explore_precision.backend" if role == "explorer" else "rollout.precision.backend"
+        out.append(f"{role} {address} serves precision {info.precision!r}, the run has {key}={want_precision!r}")
+    return out
+
+
+def check_workers(pusher: AdapterPusher, cfg: RunConfig, timeout_s: float = 600.0,
+                  version: int = 0) -> list[dict[str, Any]]:
+    """Ask every rollout service (Info RPC, waiting up to `timeout_s` for it to come up) what it serves;
+    RuntimeError naming every mismatch with the run's config (model, path, precisions, reward) and
+    every service that holds a newer adapter than the run's `version` (another run's: its first
+    epoch would be sampled with it). Returns what each service reported."""
+    problems, seen = [], []
+    for role, address, stub in pusher.workers():
+        request = explorer_pb2.InfoRequest() if role == "explorer" else regenerator_pb2.InfoRequest()
+        try:
+            info = stub.Info(request, timeout=timeout_s, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            problems.append(f"{role} {address} did not answer Info within {timeout_s:g}s "
+                            f"({exc.code().name}: {exc.details()})")
+            continue
+        seen.append({"role": role, "address": address, "model": info.model, "precision": info.precision,
+                     "base_precision": info.base_precision, "reward": info.reward,
+                     "adapter_version": info.adapter_version.version})
+        problems += worker_mismatches(role, address, info, cfg)
+        if info.adapter_version.version > version:
+            problems.append(f"{role} {address} serves adapter version {info.adapter_version.version}, newer than "
+                            f"this run's {version} (another run's adapter): restart it before this run")
+    if problems:
+        raise RuntimeError("the rollout services do not serve this run: " + "; ".join(problems))
+    return seen
+
+
+def mount_current_adapter(app: FastAPI, pusher: AdapterPusher, token: str | None) -> None:
+    """GET /v1/adapter/current on the trainer's ops app: the last pushed adapter (safetensors body,
+    X-Adapter-Version / X-Adapter-Sha256 headers; 204 before the first push), for a rollout service
+    that starts or restarts mid-run to fetch itself. Same bearer token as the pushes."""
+
+    @app.get("/v1/adapter/current")
+    def current_adapter(authorization: str | None = Header(default=None)) -> Response:
+        given = bearer_token(authorization)
+        if not token or given is None or not hmac.compare_digest(given.encode(), token.encode()):
+            status = 403 if not token else 401
+            return JSONResponse({"error": "unauthenticated" if token else "disabled",
+                                 "detail": "Authorization: Bearer <SOLRL_ADAPTER_TOKEN> is required" if token
+                                 else f"{ENV_ADAPTER_TOKEN} is not set on the trainer"}, status_code=status)
+        current = pusher.current
+        if current is None:
+            return Response(status_code=204)
+        data, version, sha256 = current
+        return Response(data, media_type="application/octet-stream",
+                        headers={VERSION_HEADER: str(version), SHA256_HEADER: sha256})
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
@@ -163,9 +276,12 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
     """The trainer's command-line options (for `solrl serve trainer` too)."""
     environ = os.environ if environ is None else environ
     addr = Addresses.from_env(environ, grpc_port=DEFAULT_GRPC_PORT, http_port=DEFAULT_HTTP_PORT)
-    p.add_argument("--preset", default=None, help="run preset (default shapes-sol-rl)")
+    p.add_argument("--preset", default=environ.get(ENV_PRESET) or None,
+                   help=f"run preset (env {ENV_PRESET}; default shapes-sol-rl)")
     p.add_argument("--config", default=None, help="a config JSON instead of a preset")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. rollout.pool=48")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help=f"override, e.g. rollout.pool=48 (after those of env {ENV_SET})")
+    p.set_defaults(env_set=environ.get(ENV_SET, ""))
     p.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its last checkpoint (its config.json, plus --set)")
@@ -180,15 +296,43 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
                    help=f"regenerator gRPC addresses, comma-separated (env {ENV_REGENERATOR_ADDRS})")
     p.add_argument("--rollout-timeout-s", type=float, default=1800.0,
                    help="how long one epoch waits for its rollouts before failing")
+    p.add_argument("--pickup-timeout-s", type=float, default=120.0,
+                   help="fail the epoch, naming its jobs, when no explorer takes any of them this long")
+    p.add_argument("--workers-timeout-s", type=float, default=600.0,
+                   help="how long to wait at start for every rollout service to answer Info")
     p.add_argument("--host", default=addr.host, help="bind address (env SOLRL_BIND_HOST)")
     p.add_argument("--grpc-port", type=int, default=addr.grpc_port, help="gRPC port, 0 = any (env SOLRL_GRPC_PORT)")
     p.add_argument("--http-port", type=int, default=addr.http_port, help="ops HTTP port, 0 = any (env SOLRL_HTTP_PORT)")
 
 
-def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path]:
-    """The run's config and directory: a new run from --preset / --config / --set (--out), or, with
-    --resume RUN_DIR, the config saved in RUN_DIR plus --set (as `solrl train --resume`)."""
-    return resolve_run(args.preset, args.config, list(args.set or []), args.out, args.resume)
+def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path, bool]:
+    """The run's config, directory and whether it resumes: a new run from --preset / --config /
+    env SOLRL_SET + --set (--out), or, with --resume RUN_DIR, the config saved in RUN_DIR plus the
+    overrides (as `solrl train --resume`).
+
+    Restarted with the same arguments on a run directory that holds a checkpoint (what a Kubernetes
+    Job or a compose restart does), the trainer resumes from it when the config it resolves is the
+    one saved there, and refuses naming the keys that differ otherwise: it never starts the run
+    over in a directory that holds one."""
+    overrides = [*split_overrides(getattr(args, "env_set", "")), *(args.set or [])]
+    if args.resume:
+        cfg, run_dir = resolve_run(None, None, overrides, args.out, args.resume)
+        return cfg, run_dir, True
+    cfg, run_dir = resolve_run(args.preset, args.config, overrides, args.out, None)
+    if latest_checkpoint(run_dir) is None:
+        return cfg, run_dir, False
+    saved = RunConfig.load(run_dir / "config.json")
+    diff = sorted(_differences(saved.to_dict(), cfg.to_dict()))
+    if diff:
+        raise ConfigError(f"{run_dir} holds a run with another config (differs in {', '.join(diff)}); "
+                          f"resume it with --resume {run_dir} [--set ...] or use another --out")
+    return saved, run_dir, True
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{prefix}{k}.")]
+    return [] if a == b else [prefix.rstrip(".")]
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None,
@@ -197,11 +341,11 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     environ = os.environ if environ is None else environ
     if not args.redis_url:
         raise ValueError(f"--redis-url (or {ENV_REDIS_URL}) is required")
-    cfg, run_dir = run_config(args)
+    cfg, run_dir, resume = run_config(args)
     run_id = args.run_id or run_dir.name.replace(":", "-")
+    token = environ.get(ENV_ADAPTER_TOKEN) or None
     pusher = AdapterPusher(parse_addrs(args.explorer_addrs, "--explorer-addrs"),
-                           parse_addrs(args.regenerator_addrs, "--regenerator-addrs"),
-                           environ.get(ENV_ADAPTER_TOKEN) or None)
+                           parse_addrs(args.regenerator_addrs, "--regenerator-addrs"), token)
     queue = build_queue(args.redis_url, QueueConfig(namespace=args.namespace))
     metrics = ServiceMetrics("trainer")
     servicer = TrainerServicer(run_id)
@@ -216,16 +360,22 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
                 "grpc_port": server.port, "state": servicer.state(), "epochs": cfg.epochs,
                 "epoch": st.epoch if st else 0, "error": st.error if st else "", "history": st.history if st else []}
 
-    http = HttpServer(create_ops_app(metrics=metrics, ready=lambda: not stop.is_set(), info=info),
-                      args.host, args.http_port)
+    app = create_ops_app(metrics=metrics, ready=lambda: not stop.is_set(), info=info)
+    mount_current_adapter(app, pusher, token)
+    http = HttpServer(app, args.host, args.http_port)
     outcome = {"rc": 0}
 
     def drive() -> None:
         try:
+            say = lambda s: print(f"solrl trainer: {s}", flush=True)
+            ckpt = latest_checkpoint(run_dir) if resume else None
+            version = json.loads((ckpt / "state.json").read_text())["adapter_version"] if ckpt else 0
+            for w in check_workers(pusher, cfg, args.workers_timeout_s, version):
+                say(f"{w['role']} {w['address']}: {w['model']} {w['precision']} (base {w['base_precision']}), "
+                    f"reward {w['reward']}, adapter version {w['adapter_version']}")
             run_distributed(cfg, run_dir, queue, pusher, run_id=run_id, rollout_timeout_s=args.rollout_timeout_s,
-                            log=lambda s: print(f"solrl trainer: {s}", flush=True),
-                            on_session=lambda remote: setattr(servicer, "remote", remote),
-                            resume=bool(args.resume))
+                            log=say, on_session=lambda remote: setattr(servicer, "remote", remote),
+                            resume=resume, pickup_timeout_s=args.pickup_timeout_s)
         except Exception:
             servicer.failed = True
             log.exception("the run failed")
