@@ -5,8 +5,7 @@
 - the KEDA ScaledObject (a CRD kubernetes-validate has no schema for) against the fields KEDA documents;
 - ports and environment names in compose and k8s are exactly those `solrl serve` reads;
 - each Dockerfile: non-root user, HEALTHCHECK on the ops port, entry `solrl serve <role>`, protos built.
-- the CPU compose file's reward and explorer, started with the Dockerfile's ENTRYPOINT, the compose
-  arguments and environment names, answer the k8s gRPC probe and the Dockerfile's HEALTHCHECK.
+- tests/test_deploy_run.py runs the CPU compose file's services as local processes, end to end.
 The tools are installed by `.ci/run`; elsewhere a missing tool skips with a reason, unless
 SOLRL_REQUIRE_DEPLOY_TOOLS=1 (set by CI), where it fails.
 """
@@ -373,59 +372,170 @@ def grpc_serving(port: int) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-@pytest.mark.slow
-def test_cpu_compose_entry_commands_start_and_pass_their_probes(tmp_path):
-    """reward and explorer started as docker-compose.cpu.yml starts them: the Dockerfile's ENTRYPOINT
-    (`solrl serve <role>`), the compose `command` arguments and its environment names (addresses moved
-    to this machine's Redis and free ports). Each must answer the k8s gRPC probe and the Dockerfile's
-    HEALTHCHECK command, run verbatim; that command must fail against a port nobody serves."""
+# ------------------------------------------------------------------ the CPU compose file, run as shipped
+
+# A 2-epoch run small enough for CI, given to every role the way a user gives it: SOLRL_SET.
+DEPLOY_SET = ("epochs=2 rollout.prompts_per_epoch=2 rollout.pool=4 rollout.kept=2 rollout.explore_steps=2 "
+              "rollout.steps=3 train.micro_batch=4 eval.prompts=2 eval.seeds_per_prompt=1 eval.every=0 eval.steps=2")
+TOKEN = "deploy-test-token-3f9c"
+COMPOSE_ORDER = ("reward", "explorer", "regenerator", "trainer")
+
+
+class ComposeAsProcesses:
+    """docker-compose.cpu.yml as `docker-compose config` resolves it (its own interpolation of the
+    user's environment), each service started as its container would be: the Dockerfile's ENTRYPOINT
+    (`solrl serve <role>`), the service's `command` and `environment`. What a container network gives
+    is moved to this machine: every `service:port` to 127.0.0.1 and a free port, Redis to the local
+    server (a fresh namespace), the `runs` volume to a directory."""
+
+    def __init__(self, tmp: Path, user_env: dict[str, str], namespace: str) -> None:
+        exe = tool("docker-compose")
+        out = subprocess.run([exe, "-f", "docker-compose.cpu.yml", "config"], cwd=ROOT, check=True, text=True,
+                             capture_output=True, env={**os.environ, **user_env})
+        self.compose = yaml.safe_load(out.stdout)
+        self.services = self.compose["services"]
+        self.tmp, self.runs = tmp, tmp / "runs"
+        self.runs.mkdir(parents=True, exist_ok=True)
+        self.moved = {"redis:6379": "127.0.0.1:6379"}
+        for name in COMPOSE_ORDER:
+            env = self.services[name]["environment"]
+            for key in (ENV_GRPC_PORT, ENV_HTTP_PORT):
+                self.moved[f"{name}:{env[key]}"] = f"127.0.0.1:{free_port()}"
+        self.namespace = namespace
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: list[Path] = []
+
+    def port(self, name: str, key: str) -> int:
+        return int(self.moved[f"{name}:{self.services[name]['environment'][key]}"].rpartition(":")[2])
+
+    def env(self, name: str) -> dict[str, str]:
+        env = {}
+        for key, value in self.services[name]["environment"].items():
+            value = str(value)
+            for there, here in self.moved.items():
+                value = value.replace(there, here)
+            env[key] = value
+        env[ENV_HOST] = "127.0.0.1"
+        env[ENV_GRPC_PORT], env[ENV_HTTP_PORT] = str(self.port(name, ENV_GRPC_PORT)), str(self.port(name, ENV_HTTP_PORT))
+        if ENV_QUEUE_NAMESPACE in env:
+            env[ENV_QUEUE_NAMESPACE] = self.namespace
+        assert not [k for k, v in env.items() if "${" in v], env   # compose interpolated everything
+        return env
+
+    def argv(self, name: str) -> list[str]:
+        entry = dockerfile_json(dockerfile_stage(name, "cpu"), "ENTRYPOINT")
+        assert entry[:3] == ["solrl", "serve", name]
+        volumes = [str(v) for v in self.services[name].get("volumes", [])]
+        args = []
+        for a in self.services[name].get("command", []):
+            if a.startswith("/runs/"):
+                # the named volume (created from the image's /runs, which its uid 10001 owns), not a bind mount
+                assert [v for v in volumes if v.split(":")[:2] == ["runs", "/runs"]], volumes
+                assert "runs" in self.compose["volumes"]
+                a = str(self.runs / a.removeprefix("/runs/"))
+            args.append(a)
+        return [tool("solrl"), *entry[1:], *args]
+
+    def start(self, name: str, wait: bool = True) -> subprocess.Popen:
+        log_path = self.tmp / f"{name}-{len(self.logs)}.log"
+        self.logs.append(log_path)
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(self.argv(name), cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, **self.env(name), "OMP_NUM_THREADS": "1"})
+        self.procs[name] = proc
+        deadline = time.monotonic() + 120
+        while wait and not grpc_serving(self.port(name, ENV_GRPC_PORT)):
+            assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, f"{name} not SERVING after 120 s: {log_path.read_text()}"
+            time.sleep(0.3)
+        return proc
+
+    def healthcheck(self, name: str, port: int) -> int:
+        """The Dockerfile's HEALTHCHECK command, verbatim, against `port`."""
+        check = dockerfile_json(dockerfile_stage(name, "cpu"), "HEALTHCHECK")
+        assert check[0] == "python"
+        proc = subprocess.run([sys.executable, *check[1:]], capture_output=True, text=True, timeout=30, check=False,
+                              env={**os.environ, ENV_HTTP_PORT: str(port)})
+        return proc.returncode
+
+    def wait(self, name: str, timeout: float) -> int:
+        try:
+            return self.procs[name].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name} still running after {timeout} s: {self.logs[-1].read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _redis_or_skip(url: str):
     import redis
 
-    url = "redis://127.0.0.1:6379/0"
     try:
         redis.Redis.from_url(url).ping()
     except redis.RedisError:
         if REQUIRE:
-            pytest.fail("no Redis at 127.0.0.1:6379")
-        pytest.skip("no Redis at 127.0.0.1:6379")
-    services = yaml.safe_load((ROOT / "docker-compose.cpu.yml").read_text())["services"]
-    namespace = f"solrl-test-deploy-{os.getpid()}"
-    ports = {role: (free_port(), free_port()) for role in ("reward", "explorer")}
-    here = {ENV_HOST: "127.0.0.1", ENV_REDIS_URL: url, ENV_QUEUE_NAMESPACE: namespace,
-            ENV_REWARD_ADDR: f"127.0.0.1:{ports['reward'][0]}", ENV_ADAPTER_TOKEN: "test-token"}
-    procs: list[subprocess.Popen] = []
+            pytest.fail(f"no Redis at {url}")
+        pytest.skip(f"no Redis at {url}")
+    return redis.Redis.from_url(url)
+
+
+def _run_stack(tmp: Path, run_id: str, restart_trainer: bool) -> tuple[Path, ComposeAsProcesses]:
+    """reward, explorer, regenerator, trainer in compose's dependency order; the trainer runs to its end
+    (with restart_trainer: killed once its first epoch is checkpointed and started again, unchanged)."""
+    stack = ComposeAsProcesses(tmp, {ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_SET": DEPLOY_SET, "SOLRL_RUN_ID": run_id},
+                               f"solrl-test-deploy-{run_id}-{os.getpid()}")
+    run_dir = stack.runs / run_id
     try:
-        for role in ("reward", "explorer"):
-            svc = services[role]
-            env = {k: str(v) for k, v in svc["environment"].items()}
-            env.update({k: v for k, v in here.items() if k in env})
-            env[ENV_GRPC_PORT], env[ENV_HTTP_PORT] = map(str, ports[role])
-            assert not [k for k, v in env.items() if "${" in v], env  # every interpolated value replaced
-            entry = dockerfile_json(dockerfile_stage(role, "cpu"), "ENTRYPOINT")
-            assert entry[:2] == ["solrl", "serve"]
-            argv = [tool("solrl"), *entry[1:], *svc.get("command", [])]
-            with open(tmp_path / f"{role}.log", "w") as log:  # the child keeps its own copy of the fd
-                procs.append(subprocess.Popen(argv, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                                              env={**os.environ, **env, "OMP_NUM_THREADS": "1"}))
-            deadline = time.monotonic() + 90
-            while not grpc_serving(ports[role][0]):
-                assert procs[-1].poll() is None, (tmp_path / f"{role}.log").read_text()
-                assert time.monotonic() < deadline, f"{role} not SERVING after 90 s"
-                time.sleep(0.5)
-            check = dockerfile_json(dockerfile_stage(role, "cpu"), "HEALTHCHECK")
-            assert check[0] == "python" and "CMD [" in dockerfile_stage(role, "cpu")
-            for port, ok in ((ports[role][1], True), (free_port(), False)):
-                proc = subprocess.run([sys.executable, *check[1:]], capture_output=True, text=True, timeout=30, check=False,
-                                      env={**os.environ, ENV_HTTP_PORT: str(port)})
-                assert (proc.returncode == 0) == ok, (role, port, proc.stderr)
+        for name in COMPOSE_ORDER[:3]:
+            stack.start(name)
+            # the image's HEALTHCHECK passes against the service and fails against a port nobody serves
+            assert stack.healthcheck(name, stack.port(name, ENV_HTTP_PORT)) == 0
+            assert stack.healthcheck(name, free_port()) != 0
+        trainer = stack.start("trainer", wait=False)
+        if restart_trainer:
+            deadline = time.monotonic() + 300
+            while not (run_dir / "checkpoints" / "latest").exists():
+                assert trainer.poll() is None, stack.logs[-1].read_text()
+                assert time.monotonic() < deadline, "no checkpoint after 300 s"
+                time.sleep(0.2)
+            trainer.kill()                      # as a node loss or OOM kill: no clean shutdown
+            trainer.wait(timeout=30)
+            stack.start("trainer", wait=False)  # a Job / compose restart: the same arguments, no --resume
+        assert stack.wait("trainer", 600) == 0, stack.logs[-1].read_text()[-3000:]
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        client = redis.Redis.from_url(url)
-        for key in client.scan_iter(f"{namespace}:*"):
+        stack.stop()
+        client = _redis_or_skip("redis://127.0.0.1:6379/0")
+        for key in client.scan_iter(f"{stack.namespace}:*"):
             client.delete(key)
+    return run_dir, stack
+
+
+@pytest.mark.slow
+def test_cpu_compose_as_shipped_finishes_a_run_and_a_restarted_trainer_ends_where_it_would_have(tmp_path):
+    """Every service of docker-compose.cpu.yml with its own command and environment; one 2-epoch run
+    uninterrupted, one whose trainer is killed after epoch 1 and restarted with the same arguments.
+    Both end with the same adapter bytes; the restarted run has each epoch's metrics once."""
+    _redis_or_skip("redis://127.0.0.1:6379/0")
+    straight, _ = _run_stack(tmp_path / "a", "straight", restart_trainer=False)
+    restarted, stack = _run_stack(tmp_path / "b", "restarted", restart_trainer=True)
+    for run_dir in (straight, restarted):
+        assert (run_dir / "checkpoints" / "latest").read_text().strip() == "epoch_0002"
+    a, b = (d / "adapter_ema.safetensors" for d in (straight, restarted))
+    assert a.read_bytes() == b.read_bytes()
+    for name in ("adapters.safetensors",):
+        assert (straight / "checkpoints" / "epoch_0002" / name).read_bytes() == \
+            (restarted / "checkpoints" / "epoch_0002" / name).read_bytes()
+    epochs = [json.loads(line)["epoch"] for line in (restarted / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [0, 1, 2]
+    trainer_logs = [p.read_text() for p in stack.logs if p.name.startswith("trainer")]
+    assert "resum" in trainer_logs[1].lower() and "after epoch 1" in trainer_logs[1]
+    for log in stack.logs:
+        assert TOKEN not in log.read_text(), log.name   # the adapter token is never printed
