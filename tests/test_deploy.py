@@ -539,3 +539,60 @@ def test_cpu_compose_as_shipped_finishes_a_run_and_a_restarted_trainer_ends_wher
     assert "resum" in trainer_logs[1].lower() and "after epoch 1" in trainer_logs[1]
     for log in stack.logs:
         assert TOKEN not in log.read_text(), log.name   # the adapter token is never printed
+
+
+def _role_settings(role: str, args: list[str], env: dict[str, str], files: dict[str, Path]):
+    """What `solrl serve <role>` started with `args` and `env` trains or serves: the trainer's run config,
+    or a rollout service's settled model / precisions / reward (as its Info RPC reports them)."""
+    from types import SimpleNamespace
+
+    from services.common.rollout_shell import settle_role_args
+
+    args = [str(files.get(a, a)) for a in args]
+    parser = argparse.ArgumentParser()
+    ROLES[role].add_arguments(parser, env)
+    parsed = parser.parse_args(args)
+    if role == "trainer":
+        return trainer_server.run_config(parsed)[0]
+    s = settle_role_args(parsed, role)
+    return SimpleNamespace(model=s.model, model_path=s.model_path or "", base_precision=s.base_precision,
+                           reward=s.reward, precision=s.precision)
+
+
+def _assert_one_run(where: str, roles: dict[str, tuple[list[str], dict[str, str]]], files: dict[str, Path]) -> None:
+    cfg = _role_settings("trainer", *roles.pop("trainer"), files)
+    for name, (args, env) in roles.items():
+        info = _role_settings(role_of(name), args, env, files)
+        problems = trainer_server.worker_mismatches(role_of(name), name, info, cfg)
+        assert not problems, f"{where}: {problems}"
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_gives_every_role_one_run(name):
+    """The trainer's start-up check, applied to the file itself: the settings each rollout service
+    resolves from its command and environment are those the trainer trains (with and without SOLRL_SET)."""
+    for user_set in (None, "reward=jpeg_compressibility rollout.steps=4"):
+        env = {**os.environ, ENV_ADAPTER_TOKEN: "test-token"}
+        if user_set is not None:
+            env["SOLRL_SET"] = user_set
+        out = subprocess.run([tool("docker-compose"), "-f", name, "config"], cwd=ROOT, env=env, capture_output=True,
+                             text=True, check=True)
+        services = yaml.safe_load(out.stdout)["services"]
+        roles = {s: (list(svc.get("command", [])), {k: str(v) for k, v in svc["environment"].items()})
+                 for s, svc in services.items() if role_of(s) in ("explorer", "regenerator", "trainer")}
+        if user_set:
+            assert all(env.get("SOLRL_SET") == user_set for _, env in roles.values())
+        _assert_one_run(f"{name} (SOLRL_SET={user_set!r})", roles, {})
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_k8s_gives_every_role_one_run(k8s_tree, overlay):
+    docs = kustomize(k8s_tree, overlay)
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    roles = {}
+    for role in ("explorer", "regenerator", "trainer"):
+        (c,) = containers(by_kind[("Job" if role == "trainer" else "Deployment", role)])
+        roles[role] = (c.get("args", []), container_env(c, by_kind))
+        mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+        assert "/etc/solrl" in mounts, role   # the run config every role reads
+    _assert_one_run(overlay, roles, {"/etc/solrl/run.json": k8s_tree / "base" / "run.json"})
