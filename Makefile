@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv protos demo test test-fast clean
+.PHONY: venv protos demo test test-fast test-compose clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,10 @@ demo: protos
 
 test: protos
 	$(BIN)/python -m pytest -q
+
+# docker-compose.cpu.yml on a real Docker engine (docker SDK): build, up, 2 epochs + a trainer restart, down
+test-compose: protos
+	$(BIN)/python -m pytest -q -m compose tests/test_compose_engine.py
 
 test-fast: protos
 	$(BIN)/python -m pytest -q -m "not slow"
