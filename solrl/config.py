@@ -314,7 +314,7 @@ def shapes_naive_quant() -> RunConfig:
 
 def _real_base(family: str, model: str, mode: str, *, micro_batch: int, timestep_fraction: float,
                max_grad_norm: float, eval_steps: int) -> RunConfig:
-    """METHOD.md's reference hyperparameters for the real models (8 GPUs, 48 prompts x 96 -> 24 per epoch,
+    """The reference hyperparameters (docs/method.md) for the real models (8 GPUs, 48 prompts x 96 -> 24 per epoch,
     one optimizer step per epoch, LoRA r32 a64 gaussian, AdamW 3e-4, HPSv2). The explorer runs NVFP4 through
     Transformer Engine (Blackwell); on other machines use `--set rollout.explore_precision.backend=nvfp4-emu`
     (or `fp8` on Hopper). The model's own solver, shift, LoRA targets and skip list come from its spec."""
@@ -334,7 +334,7 @@ def _real_base(family: str, model: str, mode: str, *, micro_batch: int, timestep
 
 
 _REAL = {
-    # family: (registry model, micro-batch, timestep fraction, max grad norm, eval steps) -- METHOD.md table
+    # family: (registry model, micro-batch, timestep fraction, max grad norm, eval steps) -- docs/method.md
     "sana": ("sana1.5-1.6b", 16, 0.6, 1.0, 40),
     "flux1": ("flux1-dev", 12, 0.4, 1.0, 28),
     "sd35l": ("sd3.5-large", 4, 0.6, 0.002, 40),

@@ -1,7 +1,7 @@
 """The embedded two-stage loop: sync -> explore -> select -> regenerate -> advantages -> update -> decay.
 
 All randomness of epoch e is derived from (run seed, e), so a run is reproducible and a resumed run
-continues the same trajectory. Modes (METHOD.md baselines as presets of the same code):
+continues the same trajectory. Modes (the paper's baselines, docs/method.md, as presets of the same code):
   sol_rl         n seeds explored in low precision at few steps, k kept, regenerated in BF16 at full steps
   diffusion_nft  k seeds sampled in BF16 at full steps (no exploration)
   naive_scaling  all n seeds sampled in BF16 at full steps, k selected by their BF16 rewards

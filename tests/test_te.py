@@ -24,7 +24,7 @@ HAS_CUDA = torch.cuda.is_available()
 HAS_TE = importlib.util.find_spec("transformer_engine") is not None
 CAP = torch.cuda.get_device_capability() if HAS_CUDA else (0, 0)
 
-# The layers each tiny family quantizes under its METHOD.md rules (names in diffusers' modules).
+# The layers each tiny family quantizes under the reference's rules (docs/method.md) (names in diffusers' modules).
 EXPECTED = {
     # SANA: width 2240 reaches the 2240 minimum; self-attention q/k/v, embedders, proj_out stay high precision
     "sana1.5-1.6b": {"transformer_blocks.0.attn1.to_out.0", "transformer_blocks.0.attn2.to_q",

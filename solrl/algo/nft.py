@@ -1,7 +1,7 @@
 """The DiffusionNFT objective, as the reference trainer implements it.
 
 Reference: NVlabs/DiffusionNFT `scripts/train_nft_sd3.py` (same loss in NVlabs/Sana
-`train_scripts/sol_rl/train_sana.py`); summary in METHOD.md.
+`train_scripts/sol_rl/train_sana.py`); summary in docs/method.md.
 """
 
 from __future__ import annotations

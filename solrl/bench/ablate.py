@@ -3,7 +3,7 @@ and kept seeds for every setting): explore pool size {24, 48, 72, 96} at the pre
 and explore steps {2, 4, 6, 8} at pool 48. Reports the final held-out exact reward, the mean BF16
 reward of the kept rollouts and their spread (the learning signal the selection gives DiffusionNFT),
 the proxy-vs-BF16 Kendall tau on the kept seeds and the rollout time. The paper's ablation (HPSv2,
-METHOD.md): steps 2/4/6/8 -> .3587/.3650/.3686/.3659, pool 24/48/72/96 -> .3569/.3622/.3663/.3686.
+docs/method.md): steps 2/4/6/8 -> .3587/.3650/.3686/.3659, pool 24/48/72/96 -> .3569/.3622/.3663/.3686.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ and for k in (4, 8, 12):
   bottom_k_false_inclusion  share of the candidate's top-k whose reference reward is at or below the
                             reference's k-th worst
   bottom_half_false_inclusion  share of the candidate's top-k in the reference's bottom half
-                            (below its median), the definition METHOD.md asks for
+                            (below its median), the definitions docs/method.md asks for
 The candidate's own top-k breaks its ties by seed order. A `random` row (scores drawn at random)
 gives the chance level of each number.
 """
@@ -166,7 +166,7 @@ def markdown(r: dict[str, Any]) -> str:
     return (f"{r['prompts']} held-out prompts x {r['seeds_per_prompt']} seeds, reward `{r['reward']}`. Reference: "
             f"{ref['precision']} at {ref['steps']} steps (reward mean {ref['reward_mean']:.3f}). Every row samples "
             f"the same seeds. Correlations are means over prompts where both sides vary "
-            f"(see `prompts_with_correlation` in the JSON). Paper (METHOD.md), all four rewards: tau 0.798, "
+            f"(see `prompts_with_correlation` in the JSON). Paper (docs/method.md), all four rewards: tau 0.798, "
             f"Spearman 0.927, top-4 match 96.9%, bottom-4 false inclusion 3.9%, top-12 match 93.3%.\n\n"
             + "\n".join(lines) + "\n\nDefinitions (tie-aware: the reward is discrete):\n\n"
             + "\n".join(f"- `{k}`: {v}" for k, v in r["definitions"].items()) + "\n")

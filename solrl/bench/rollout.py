@@ -77,4 +77,4 @@ def markdown(r: dict[str, Any]) -> str:
             f"{s['forward_bound_fp4_half_cost']:.2f}x at half the cost (NVFP4 GEMMs on Blackwell)\n"
             f"- on this CPU an emulated FP4 forward costs {s['cpu_fp4_forward_cost_vs_bf16']:.2f}x a BF16 one "
             f"(fake-quant in fp32), which is why the measured speed-up is below the bound here; the paper "
-            f"reports 1.41-2.41x rollout speed-up on 8x B200 (METHOD.md).\n")
+            f"reports 1.41-2.41x rollout speed-up on 8x B200 (docs/method.md).\n")

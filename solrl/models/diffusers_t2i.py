@@ -37,7 +37,7 @@ class MissingModelWeightsError(FileNotFoundError):
 
 @dataclass(frozen=True)
 class Family:
-    """What differs between the supported diffusers families (facts from METHOD.md and diffusers)."""
+    """What differs between the supported diffusers families (facts from docs/method.md and diffusers)."""
 
     name: str                        # registry name
     repo_id: str                     # Hugging Face repo in the diffusers layout
@@ -47,12 +47,12 @@ class Family:
     quant_skip: tuple[str, ...]
     quant_min_features: int
     default_solver: str
-    resolution: int                  # the reference's training resolution (METHOD.md)
+    resolution: int                  # the reference's training resolution (docs/method.md)
     max_sequence_length: int         # text tokens (the pipeline's default)
     gated: bool = False
 
 
-# Skip lists: METHOD.md keeps embedders (timestep, caption, patch), the final layer, norms (here the
+# Skip lists: the reference (docs/method.md) keeps embedders (timestep, caption, patch), the final layer, norms (here the
 # AdaLN modulation Linears, which live in the norm modules) and, for SANA, the self-attention q/k/v in
 # high precision, plus any Linear whose larger dimension is below the family's threshold.
 SANA = Family(

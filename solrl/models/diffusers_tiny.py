@@ -7,7 +7,7 @@ offline from a vocabulary (transformers 5 builds CLIP / T5 / Gemma tokenizers fr
 Gemma tokenizers declare short maximum lengths (32, 16), which the loader honours as the text length. A directory
 written by `save_tiny` loads through the same `DiffusersT2I.load` as the real weights.
 
-Sizes are chosen so that each family has Linear layers on both sides of its METHOD.md minimum size
+Sizes are chosen so that each family has Linear layers on both sides of its minimum size (docs/method.md)
 (SANA 2240, SD3.5 2432, FLUX 1000): the quantization skip rules select a non-trivial set.
 """
 
