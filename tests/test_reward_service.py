@@ -6,6 +6,7 @@ of the shapes world score exactly 1 against their own prompt.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import select
@@ -22,8 +23,6 @@ import httpx
 import numpy as np
 import pytest
 import torch
-
-
 import tritonclient.grpc as tgrpc
 from fastapi.testclient import TestClient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -167,12 +166,11 @@ def test_typed_contents_give_the_same_scores_as_raw(channel) -> None:
 def test_score_rpc_matches_the_core_and_the_triton_door(channel, triton) -> None:
     stub = reward_pb2_grpc.RewardStub(channel)
     listing = stub.ListRewards(reward_pb2.ListRewardsRequest())
-    assert list(listing.names) == ["shapes", "jpeg_compressibility"] and listing.default_name == "shapes"
+    assert list(listing.names) == ["shapes", "jpeg_compressibility"] and listing.default_name == ""  # no default
     images, prompts = rendered(PROMPTS, seed=11), [PROMPTS[1], PROMPTS[1], PROMPTS[2], PROMPTS[3]]
-    for reward, core in (("", ShapesReward()), ("shapes", ShapesReward()),
-                         ("jpeg_compressibility", JpegCompressibility())):
+    for reward, core in (("shapes", ShapesReward()), ("jpeg_compressibility", JpegCompressibility())):
         resp = stub.Score(reward_pb2.ScoreRequest(reward=reward, images=numpy_to_tensor(images), prompts=prompts))
-        assert resp.reward == (reward or "shapes")
+        assert resp.reward == reward
         np.testing.assert_array_equal(np.array(resp.scores, dtype=np.float32), core(images, prompts))
         door = triton.infer(resp.reward, triton_inputs(images, prompts)).as_numpy("SCORES")
         np.testing.assert_array_equal(np.array(resp.scores, dtype=np.float32), door)
@@ -235,17 +233,19 @@ def test_bad_input_maps_to_status_codes_naming_the_field(channel, triton) -> Non
     score = reward_pb2_grpc.RewardStub(channel).Score
     t = numpy_to_tensor(images)
     score_cases = {
-        "dtype": (reward_pb2.ScoreRequest(images=numpy_to_tensor(images.astype(np.float32)), prompts=prompts),
+        "dtype": (reward_pb2.ScoreRequest(reward="shapes", images=numpy_to_tensor(images.astype(np.float32)), prompts=prompts),
                   grpc.StatusCode.INVALID_ARGUMENT, "images must have dtype uint8, got float32"),
-        "bytes": (reward_pb2.ScoreRequest(images=common_pb2.Tensor(dtype="uint8", shape=t.shape, data=t.data[:-3]),
+        "bytes": (reward_pb2.ScoreRequest(reward="shapes", images=common_pb2.Tensor(dtype="uint8", shape=t.shape, data=t.data[:-3]),
                                           prompts=prompts), grpc.StatusCode.INVALID_ARGUMENT, "images.data holds"),
-        "unknown dtype": (reward_pb2.ScoreRequest(images=common_pb2.Tensor(dtype="complex64", shape=[1]),
+        "unknown dtype": (reward_pb2.ScoreRequest(reward="shapes", images=common_pb2.Tensor(dtype="complex64", shape=[1]),
                                                   prompts=prompts), grpc.StatusCode.INVALID_ARGUMENT, "images.dtype"),
-        "missing": (reward_pb2.ScoreRequest(prompts=prompts), grpc.StatusCode.INVALID_ARGUMENT, "images: required"),
-        "batch": (reward_pb2.ScoreRequest(images=t, prompts=prompts[:1]), grpc.StatusCode.INVALID_ARGUMENT,
+        "missing": (reward_pb2.ScoreRequest(reward="shapes", prompts=prompts), grpc.StatusCode.INVALID_ARGUMENT, "images: required"),
+        "batch": (reward_pb2.ScoreRequest(reward="shapes", images=t, prompts=prompts[:1]), grpc.StatusCode.INVALID_ARGUMENT,
                   "images: got 2 images but 1 prompts"),
-        "word": (reward_pb2.ScoreRequest(images=t, prompts=["a red circle", "a pink circle"]),
+        "word": (reward_pb2.ScoreRequest(reward="shapes", images=t, prompts=["a red circle", "a pink circle"]),
                  grpc.StatusCode.INVALID_ARGUMENT, "prompts: unknown word 'pink'"),
+        "no reward": (reward_pb2.ScoreRequest(images=t, prompts=prompts), grpc.StatusCode.INVALID_ARGUMENT,
+                      "reward: required (one of ['shapes', 'jpeg_compressibility'])"),
         "reward": (reward_pb2.ScoreRequest(reward="nope", images=t, prompts=prompts), grpc.StatusCode.NOT_FOUND,
                    "reward: unknown model 'nope'"),
     }
@@ -256,7 +256,7 @@ def test_bad_input_maps_to_status_codes_naming_the_field(channel, triton) -> Non
     # still serving, with the right answers
     assert triton.is_server_ready()
     np.testing.assert_array_equal(triton.infer("shapes", triton_inputs(images, prompts)).as_numpy("SCORES"), [1, 1])
-    assert list(score(reward_pb2.ScoreRequest(images=t, prompts=prompts)).scores) == [1.0, 1.0]
+    assert list(score(reward_pb2.ScoreRequest(reward="shapes", images=t, prompts=prompts)).scores) == [1.0, 1.0]
 
 
 def _input(name: str, array: np.ndarray, datatype: str) -> tgrpc.InferInput:
@@ -286,7 +286,8 @@ def test_internal_errors_are_logged_and_unknown_rpcs_unimplemented(caplog: pytes
     svc = start(RewardDataPlane({"broken": FailingScorer()}, max_delay_ms=0), metrics, host="127.0.0.1")
     try:
         with grpc.insecure_channel(svc.grpc.address) as ch, caplog.at_level(logging.ERROR):
-            req = reward_pb2.ScoreRequest(images=numpy_to_tensor(rendered(PROMPTS[:1])), prompts=PROMPTS[:1])
+            req = reward_pb2.ScoreRequest(reward="broken", images=numpy_to_tensor(rendered(PROMPTS[:1])),
+                                          prompts=PROMPTS[:1])
             err = rpc_error(reward_pb2_grpc.RewardStub(ch).Score, req)
             assert err.code() == grpc.StatusCode.INTERNAL and "boom" in err.details()
             stats = rpc_error(service_pb2_grpc.GRPCInferenceServiceStub(ch).ModelStatistics,
@@ -314,7 +315,7 @@ def _concurrently(address: str, requests: list[tuple[np.ndarray, list[str]]]) ->
             if i % 2:
                 with grpc.insecure_channel(address) as ch:
                     resp = reward_pb2_grpc.RewardStub(ch).Score(
-                        reward_pb2.ScoreRequest(images=numpy_to_tensor(images), prompts=prompts))
+                        reward_pb2.ScoreRequest(reward="shapes", images=numpy_to_tensor(images), prompts=prompts))
                 results[i] = np.array(resp.scores, dtype=np.float32)
             else:
                 client = tgrpc.InferenceServerClient(address)
@@ -494,3 +495,22 @@ def test_tensor_checks_name_the_field() -> None:
         tensor_to_numpy(np.zeros(2))
     with pytest.raises(TypeError, match="array dtype must be one of"):
         numpy_to_tensor(np.zeros(2, dtype=np.complex64))
+
+
+def test_start_up_fails_naming_every_reward_it_cannot_build(tmp_path) -> None:
+    """--rewards is what the service serves: one that cannot be built stops start-up with its name and
+    why (no healthy service silently missing a reward), and the process exits non-zero."""
+    with pytest.raises(ValueError) as err:
+        RewardDataPlane.build(["shapes", "nope", "pickscor:1+shapes:1"])
+    text = str(err.value)
+    assert "nope (ValueError: unknown reward 'nope'" in text and "pickscor:1+shapes:1 (ValueError" in text
+    assert "shapes (" not in text.replace("pickscor:1+shapes:1 (", "")
+    proc = subprocess.run([sys.executable, "-m", "services.reward.server", "--rewards", "shapes,nope",
+                           "--grpc-port", "0", "--http-port", "0"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode != 0 and "cannot serve reward(s) nope" in proc.stderr, proc.stderr[-2000:]
+    from services.reward import server as reward_server
+
+    p = argparse.ArgumentParser()
+    reward_server.add_arguments(p, {})
+    assert p.parse_args([]).rewards == "shapes,shapes_dense,jpeg_compressibility"

@@ -168,9 +168,11 @@ def test_grpc_requests_over_the_size_limit_are_resource_exhausted():
             small = np.zeros((2, 32, 32, 3), np.uint8)
             big = np.zeros((40, 32, 32, 3), np.uint8)  # 120 KiB
             with pytest.raises(grpc.RpcError) as info:
-                stub.Score(reward_pb2.ScoreRequest(images=numpy_to_tensor(big), prompts=["x"] * 40), timeout=30)
+                stub.Score(reward_pb2.ScoreRequest(reward="jpeg_compressibility", images=numpy_to_tensor(big),
+                                                   prompts=["x"] * 40), timeout=30)
             assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-            ok = stub.Score(reward_pb2.ScoreRequest(images=numpy_to_tensor(small), prompts=["x"] * 2), timeout=30)
+            ok = stub.Score(reward_pb2.ScoreRequest(reward="jpeg_compressibility", images=numpy_to_tensor(small),
+                                                    prompts=["x"] * 2), timeout=30)
             assert len(ok.scores) == 2  # the server is unharmed
     finally:
         server.stop(0)

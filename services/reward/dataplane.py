@@ -74,16 +74,29 @@ class RewardDataPlane:
                                  observe=None if observe is None else _bind(observe, name))
             for name, scorer in scorers.items()
         }
-        self.default_model = next(iter(scorers))
 
     @classmethod
     def build(cls, names: Sequence[str] | None = None, **kwargs: Any) -> RewardDataPlane:
-        """Scorers from the core registry (solrl.rewards.build_reward); names=None serves every reward that
-        can be built here (its packages installed and weights found locally)."""
+        """Scorers from the core registry (solrl.rewards.build_reward) for exactly `names`: a reward that
+        cannot be built fails the whole build with ValueError naming each such reward and why, so a
+        service never starts healthy without a reward it was asked for. names=None serves every reward
+        that can be built here (its packages installed and weights found locally)."""
         names = ready_rewards() if names is None else list(names)
         if not names:
             raise ValueError("names must list at least one reward")
-        return cls({n: build_reward(n) for n in names}, **kwargs)
+        scorers, failed = {}, []
+        for name in names:
+            try:
+                scorers[name] = build_reward(name)
+            except Exception as exc:  # any failure to build names its reward (ImportError, OSError, ...)
+                failed.append(f"{name} ({type(exc).__name__}: {exc})")
+        if failed:
+            for scorer in scorers.values():
+                close = getattr(scorer, "close", None)
+                if callable(close):
+                    close()
+            raise ValueError(f"cannot serve reward(s) {', '.join(failed)}; docs/rewards.md says what each needs")
+        return cls(scorers, **kwargs)
 
     # ------------------------------------------------------------------ lifecycle and metadata
 
@@ -99,7 +112,10 @@ class RewardDataPlane:
         return name in self._batchers and version in ("", MODEL_VERSION) and self._batchers[name].alive
 
     def resolve(self, name: str, version: str = "", *, field: str = "model_name") -> str:
-        """The model's name, or NotFoundError (naming the request `field`) for an unknown model or version."""
+        """The model's name; ValueError when none is given (no implicit default: a request names what
+        scores it), NotFoundError (naming the request `field`) for an unknown model or version."""
+        if not name:
+            raise ValueError(f"{field}: required (one of {self.models})")
         if name not in self._batchers:
             raise NotFoundError(f"{field}: unknown model {name!r}; serving {self.models}")
         if version not in ("", MODEL_VERSION):
@@ -112,7 +128,7 @@ class RewardDataPlane:
 
     def info(self) -> dict[str, Any]:
         return {"service": "reward", "version": solrl.__version__, "models": self.models,
-                "default_model": self.default_model, "max_batch": self.max_batch,
+                "max_batch": self.max_batch,
                 "max_delay_ms": self.max_delay_ms, "ready": self.ready()}
 
     def close(self) -> None:

@@ -45,6 +45,7 @@ log = logging.getLogger("solrl.services.reward")
 
 DEFAULT_GRPC_PORT = 8001  # Triton's gRPC port
 DEFAULT_HTTP_PORT = 8080
+DEFAULT_REWARDS = ("shapes", "shapes_dense", "jpeg_compressibility")   # need no weights
 SERVER_NAME = "solrl-reward"
 
 
@@ -57,14 +58,14 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
     def Score(self, request: reward_pb2.ScoreRequest, context: grpc.ServicerContext) -> reward_pb2.ScoreResponse:
         if not request.HasField("images"):
             raise ValueError("images: required")
-        name = self.plane.resolve(request.reward or self.plane.default_model, field="reward")
+        name = self.plane.resolve(request.reward, field="reward")
         images = tensor_to_numpy(request.images, "images", self.max_tensor_bytes)
         scores = self.plane.score(name, images, list(request.prompts))
         return reward_pb2.ScoreResponse(reward=name, scores=scores.tolist())
 
     def ListRewards(self, request: reward_pb2.ListRewardsRequest,
                     context: grpc.ServicerContext) -> reward_pb2.ListRewardsResponse:
-        return reward_pb2.ListRewardsResponse(names=self.plane.models, default_name=self.plane.default_model)
+        return reward_pb2.ListRewardsResponse(names=self.plane.models)   # no default: requests name their reward
 
 
 def _tensor_metadata(spec: TensorSpec) -> service_pb2.ModelMetadataResponse.TensorMetadata:
@@ -187,7 +188,9 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
     """The reward service's command-line options (for `solrl serve reward` too)."""
     addr = Addresses.from_env(os.environ if environ is None else environ,
                               grpc_port=DEFAULT_GRPC_PORT, http_port=DEFAULT_HTTP_PORT)
-    p.add_argument("--rewards", default="", help="comma-separated reward names (default: every registered reward)")
+    p.add_argument("--rewards", default=",".join(DEFAULT_REWARDS),
+                   help="comma-separated rewards to serve; start-up fails naming any that cannot be built "
+                        f"(default: {','.join(DEFAULT_REWARDS)}, the ones that need no weights)")
     p.add_argument("--host", default=addr.host, help="bind address (env SOLRL_BIND_HOST)")
     p.add_argument("--grpc-port", type=int, default=addr.grpc_port, help="gRPC port, 0 = any (env SOLRL_GRPC_PORT)")
     p.add_argument("--http-port", type=int, default=addr.http_port, help="ops HTTP port, 0 = any (env SOLRL_HTTP_PORT)")
@@ -198,7 +201,9 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     """Serve until SIGTERM / SIGINT (or until `stop` is set), then shut down gracefully."""
-    rewards = [r.strip() for r in args.rewards.split(",") if r.strip()] or None
+    rewards = [r.strip() for r in args.rewards.split(",") if r.strip()]
+    if not rewards:
+        raise ValueError("--rewards: list at least one reward")
     metrics = ServiceMetrics("reward")
     plane = RewardDataPlane.build(rewards, max_batch=args.max_batch, max_delay_ms=args.max_delay_ms,
                                   observe=metrics.observe_batch)
