@@ -276,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:  # the service shells need the generated stubs (`make protos`); the core CLI does not
             module = importlib.import_module(f"services.{role}.server")
             module.add_arguments(rp)
-            rp.set_defaults(fn=lambda a, module=module: module.run(a) or 0)
+            rp.set_defaults(fn=lambda a, module=module: _serve(module, a))
         except ImportError as err:
             rp.set_defaults(fn=lambda a, err=err: _missing_services(err))
 
@@ -302,6 +302,17 @@ def build_parser() -> argparse.ArgumentParser:
         lp.add_argument("action", nargs="?", default="list", choices=["list"])
         lp.set_defaults(fn=cmd_list, what=what)
     return p
+
+
+def _serve(module, args: argparse.Namespace) -> int:
+    """`solrl serve <role>`: the container entry point, with the services' logging set up first."""
+    from services.common.logs import configure_logging
+
+    try:
+        configure_logging()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return module.run(args) or 0
 
 
 def main(argv: list[str] | None = None) -> int:

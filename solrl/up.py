@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TextIO
 
 from solrl.config import RunConfig, resolve_run
+from solrl.queue.base import redact_url
 
 ROLES = ("reward", "explorer", "regenerator", "trainer")
 HOST = "127.0.0.1"
@@ -188,15 +189,15 @@ def plan(cfg: RunConfig, *, redis_url: str, namespace: str, run_dir: Path, train
     model = ["--model", cfg.model.name, *(["--model-path", cfg.model.path] if cfg.model.path else []),
              "--base-precision", r.precision.backend,   # the LoRA layout comes with each pushed adapter
              "--reward", cfg.reward, "--reward-addr", f"{HOST}:{ports['reward'][0]}",
-             "--micro-batch", str(r.micro_batch), "--threads", str(threads),
-             "--redis-url", redis_url, "--queue-namespace", namespace]
-    secret = {"SOLRL_ADAPTER_TOKEN": token}
+             "--micro-batch", str(r.micro_batch), "--threads", str(threads), "--queue-namespace", namespace]
+    # secrets travel in the environment, never on a command line (`ps` shows those): the token and the
+    # Redis URL, which may carry a password
+    secret = {"SOLRL_ADAPTER_TOKEN": token, "SOLRL_REDIS_URL": redis_url}
     explorer_args = [*model, "--precision", r.explore_precision.backend, "--steps", str(r.explore_steps),
                      "--kept", str(r.kept), "--selection", r.selection]
     explorer_specs = [spec("explorer", explorer_args, secret, name) for name in names["explorer"]]
     regenerator = spec("regenerator", [*model, "--precision", r.precision.backend, "--steps", str(r.steps)], secret)
-    trainer = spec("trainer", [*trainer_args, "--out", str(run_dir), "--redis-url", redis_url,
-                               "--queue-namespace", namespace,
+    trainer = spec("trainer", [*trainer_args, "--out", str(run_dir), "--queue-namespace", namespace,
                                "--explorer-addrs", ",".join(f"{HOST}:{ports[n][0]}" for n in names["explorer"]),
                                "--regenerator-addrs", f"{HOST}:{ports['regenerator'][0]}"],
                    secret)
@@ -238,7 +239,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, lambda signum, _frame: sup.request_stop(signum))
     try:
-        sup.say("up", f"{cfg.name}: {cfg.epochs} epochs -> {run_dir} (queue {args.redis_url}, namespace {namespace})")
+        sup.say("up", f"{cfg.name}: {cfg.epochs} epochs -> {run_dir} (queue {redact_url(args.redis_url)}, namespace {namespace})")
         return sup.run()
     finally:
         for sig, handler in previous.items():

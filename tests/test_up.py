@@ -129,7 +129,8 @@ def test_plan_with_two_explorers_gives_each_its_ports_and_the_trainer_both_addre
     assert opt(trainer, "--explorer-addrs") == f"127.0.0.1:{opt(ex1, '--grpc-port')},127.0.0.1:{opt(ex2, '--grpc-port')}"
     for ex in (ex1, ex2):  # both run the explorer service on the same stream, queue and reward service
         assert ex.argv[ex.argv.index("-m") + 1] == "services.explorer.server"
-        assert opt(ex, "--queue-namespace") == "ns" and opt(ex, "--redis-url") == "redis://h:1/0"
+        assert opt(ex, "--queue-namespace") == "ns" and ex.env["SOLRL_REDIS_URL"] == "redis://h:1/0"
+        assert "redis://h:1/0" not in ex.argv and "tok" not in ex.argv   # secrets stay off command lines
         assert opt(ex, "--reward-addr") == f"127.0.0.1:{opt(reward, '--grpc-port')}"
         assert ex.ready_url == f"http://127.0.0.1:{opt(ex, '--http-port')}/readyz"
     with pytest.raises(ValueError, match="explorers must be >= 1"):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.grpc_server import GrpcServer
+from services.common.logs import configure_logging
 from services.common.metrics import ServiceMetrics
 from services.common.ops import HttpServer
 
@@ -68,5 +69,8 @@ def run_main(prog: str, description: str, add_arguments: Callable[[argparse.Argu
     p = argparse.ArgumentParser(prog=prog, description=description)
     add_arguments(p)
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        configure_logging()
+    except ValueError as err:
+        p.error(str(err))
     return run(args)

@@ -32,7 +32,14 @@ from solrl.distributed import (
     rollout_key,
 )
 from solrl.pb.solrl.common.v1 import common_pb2
-from solrl.queue import Deduplicator, Delivery, Queue, QueueConfig, build_queue
+from solrl.queue import (
+    Deduplicator,
+    Delivery,
+    Queue,
+    QueueConfig,
+    build_queue,
+    redact_url,
+)
 
 log = logging.getLogger("solrl.services.workers")
 
@@ -192,7 +199,7 @@ def start_consumer(role: str, plane: ExplorerDataPlane | RegeneratorDataPlane, r
     if role not in factories:
         raise ValueError(f"role must be one of {sorted(factories)}, got {role!r}")
     if not isinstance(redis_url, str) or not redis_url:
-        raise ValueError(f"redis_url must be a redis:// URL, got {redis_url!r}")
+        raise ValueError(f"redis_url must be a redis:// URL, got {redact_url(redis_url)!r}")
     queue = build_queue(redis_url, QueueConfig(namespace=namespace, claim_idle_ms=claim_idle_ms))
     worker = factories[role](queue, plane)
     worker.owns_queue = True

@@ -14,6 +14,7 @@ from solrl.queue.base import (
     QueueConfig,
     QueueFull,
     QueueUnavailable,
+    redact_url,
 )
 from solrl.queue.memory import InMemoryQueue
 from solrl.queue.redis_streams import RedisStreamQueue
@@ -27,7 +28,8 @@ def build_queue(url: str | None, cfg: QueueConfig = QueueConfig()) -> Queue:
         return InMemoryQueue(cfg)
     if isinstance(url, str) and url.startswith(_REDIS_SCHEMES):
         return RedisStreamQueue(url, cfg)
-    raise ValueError(f"url must be None, 'memory://' or a redis URL ({', '.join(_REDIS_SCHEMES)}...), got {url!r}")
+    raise ValueError(f"url must be None, 'memory://' or a redis URL ({', '.join(_REDIS_SCHEMES)}...), "
+                     f"got {redact_url(url)!r}")
 
 
 __all__ = [
@@ -41,4 +43,5 @@ __all__ = [
     "QueueUnavailable",
     "RedisStreamQueue",
     "build_queue",
+    "redact_url",
 ]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -207,3 +208,16 @@ def full_message(stream: str, maxlen: int, timeout_s: float) -> str:
 
 def no_group(stream: str, group: str) -> ValueError:
     return ValueError(f"group {group!r} does not exist on stream {stream!r}; call ensure_group first")
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password replaced by '***' (redis://user:secret@host -> redis://user:***@host), for
+    anything printed, logged or raised; a URL without a password comes back unchanged."""
+    if not isinstance(url, str) or "@" not in url:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

@@ -38,6 +38,7 @@ from solrl.queue.base import (
     full_message,
     no_group,
     parse_ids,
+    redact_url,
 )
 
 T = TypeVar("T")
@@ -131,7 +132,7 @@ class RedisStreamQueue:
 
     def __init__(self, url: str, cfg: QueueConfig = QueueConfig()) -> None:
         if not isinstance(url, str) or not url:
-            raise ValueError(f"url must be a non-empty redis URL str, got {url!r}")
+            raise ValueError(f"url must be a non-empty redis URL str, got {redact_url(url)!r}")
         if not isinstance(cfg, QueueConfig):
             raise TypeError(f"cfg must be a QueueConfig, got {type(cfg).__name__}")
         self.cfg = cfg
@@ -282,7 +283,7 @@ class RedisStreamQueue:
             waited = time.monotonic() - start
             if waited + self._backoff.compute(failures) > self.cfg.retry_give_up_s:
                 raise QueueUnavailable(
-                    f"Redis at {self._url} unreachable: {failures} attempts in {waited:.2f}s "
+                    f"Redis at {redact_url(self._url)} unreachable: {failures} attempts in {waited:.2f}s "
                     f"(retry_give_up_s={self.cfg.retry_give_up_s}): {error}"
                 ) from error
 
