@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,3 +58,15 @@ def split_overrides(text: str) -> list[str]:
     if bad:
         raise ValueError(f"{ENV_SET}: expected KEY=VALUE items, got {bad}")
     return items
+
+
+def add_run_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], role: str) -> None:
+    """--preset (env SOLRL_PRESET), --config and --set (after env SOLRL_SET): the one set of run settings
+    the trainer trains and the rollout services serve."""
+    what = "the run it trains" if role == "trainer" else "the run whose settings it serves, as the trainer's"
+    p.add_argument("--preset", default=environ.get(ENV_PRESET) or None,
+                   help=f"run preset: {what} (env {ENV_PRESET}; default shapes-sol-rl)")
+    p.add_argument("--config", default=None, help="a run config JSON instead of a preset")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help=f"run config override, e.g. rollout.pool=48 (after those of env {ENV_SET})")
+    p.set_defaults(env_set=environ.get(ENV_SET, ""))

@@ -21,10 +21,9 @@ from services.common.adapter_reload import (
     HotSwapModel,
 )
 from services.common.env import (
-    ENV_PRESET,
-    ENV_SET,
     ENV_TRAINER_URL,
     Addresses,
+    add_run_arguments,
     split_overrides,
 )
 from services.common.grpc_server import GrpcServer
@@ -101,12 +100,7 @@ def add_model_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], 
     addr = Addresses.from_env(environ, grpc_port=grpc_port, http_port=http_port)
     p.set_defaults(role_defaults={"model": "shapes", "model_path": None, "base_precision": "bf16",
                                   "reward": "shapes", "micro_batch": 64, "precision": precision, "steps": steps})
-    p.add_argument("--preset", default=environ.get(ENV_PRESET) or None,
-                   help=f"run preset whose settings this role serves (env {ENV_PRESET}), as the trainer's")
-    p.add_argument("--config", default=None, help="a run config JSON instead of a preset, as the trainer's")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help=f"run config override (after those of env {ENV_SET}), as the trainer's")
-    p.set_defaults(env_set=environ.get(ENV_SET, ""))
+    add_run_arguments(p, environ, "rollout")
     p.add_argument("--model", default=None, choices=available_models(),
                    help="model registry name (default: the run's model.name, else shapes)")
     p.add_argument("--model-path", default=None, help="local weights directory (default: the run's model.path)")

@@ -38,7 +38,7 @@ from services.common.adapter_reload import (
     VERSION_HEADER,
     bearer_token,
 )
-from services.common.env import ENV_PRESET, ENV_SET, Addresses, split_overrides
+from services.common.env import Addresses, add_run_arguments, split_overrides
 from services.common.grpc_server import (
     MAX_GRPC_MESSAGE_SIZE,
     GrpcService,
@@ -276,12 +276,7 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
     """The trainer's command-line options (for `solrl serve trainer` too)."""
     environ = os.environ if environ is None else environ
     addr = Addresses.from_env(environ, grpc_port=DEFAULT_GRPC_PORT, http_port=DEFAULT_HTTP_PORT)
-    p.add_argument("--preset", default=environ.get(ENV_PRESET) or None,
-                   help=f"run preset (env {ENV_PRESET}; default shapes-sol-rl)")
-    p.add_argument("--config", default=None, help="a config JSON instead of a preset")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help=f"override, e.g. rollout.pool=48 (after those of env {ENV_SET})")
-    p.set_defaults(env_set=environ.get(ENV_SET, ""))
+    add_run_arguments(p, environ, "trainer")
     p.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its last checkpoint (its config.json, plus --set)")
