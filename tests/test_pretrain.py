@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -82,8 +83,6 @@ def test_cli_rejects_bad_sampling_choice(tmp_path):
 def test_bundled_base_is_in_the_useful_band_and_its_card_is_reproducible():
     """The issue's band for the base model's held-out reward at 10 steps: recognisable (>= 0.4) with room
     for RL (<= 0.85); re-evaluating the bundled weights gives the number the card reports."""
-    from pathlib import Path
-
     from solrl.config import get_preset
     from solrl.loop import Session
 
@@ -117,3 +116,27 @@ def test_model_card_reads_the_saved_config_and_plots_the_tracking(tmp_path):
     assert "## Tracked during pretraining" in text and "| 1 | " in text and "| 2 | " in text
     assert "| 10 | 0.500 | 0.500 | 0.250 | 0.400 | 0.600 | 0.125 |" in text
     assert (weights / "tracking_curve.png").stat().st_size > 1000
+
+
+def test_pretrain_device_is_checked(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal is for machines without it")
+    with pytest.raises(ValueError, match="device 'cuda': torch sees no CUDA device here"):
+        pretrain(PretrainConfig(steps=1, batch_size=2, layers=1, heads=2, eval_every=0, device="cuda"),
+                 tmp_path / "never-written", progress=False)
+    assert not (tmp_path / "never-written").exists()   # refused before anything is written
+
+
+@pytest.mark.gpu
+def test_pretraining_on_cuda_follows_the_cpu_run(tmp_path):
+    """Same seed on the CPU and on a GPU: the same data, noise and timesteps (drawn on the CPU), so the
+    losses agree to float tolerance step by step, and the tracking (sampled on the CPU) still runs."""
+    small = dict(steps=3, batch_size=8, save_every=3, seed=5, layers=2, heads=2, eval_every=3, eval_prompts=2,
+                 eval_steps=2)
+    pretrain(PretrainConfig(**small), tmp_path / "cpu", progress=False)
+    model = pretrain(PretrainConfig(**small, device="cuda"), tmp_path / "gpu", progress=False)
+    losses = [[json.loads(x)["loss"] for x in (tmp_path / d / "loss.jsonl").read_text().splitlines()]
+              for d in ("cpu", "gpu")]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-3)
+    assert next(model.transformer.parameters()).device.type == "cpu"   # returned on the CPU, ready to save
+    assert (tmp_path / "gpu" / "eval.jsonl").read_text().strip()

@@ -107,6 +107,8 @@ class ShapesModel(T2IModel):
     # ---------------------------------------------------------------- the T2IModel interface
     def encode(self, prompts: list[str]) -> Cond:
         ids, mask = token_ids(prompts)
+        device = self.text_encoder.get_input_embeddings().weight.device
+        ids, mask = ids.to(device), mask.to(device)
         with torch.set_grad_enabled(self.text_encoder.training):
             emb = self.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state
         return Cond(emb, mask)

@@ -6,6 +6,7 @@ never rendered here), forms balanced so relations do not swamp single objects an
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -44,6 +45,8 @@ class PretrainConfig:
     eval_every: int = 500          # > 0: score the saved (EMA) weights on held-out and training prompts
     eval_prompts: int = 48         # prompts of each split per tracking evaluation (1 fixed seed each)
     eval_steps: int = 10           # Euler steps of those samples (the rollout grid)
+    device: str = "cpu"            # where the model trains ("cuda" on a GPU); data, noise and timesteps are
+                                   # drawn on the CPU from the seeded generators either way, then moved
 
 
 class PromptSampler:
@@ -103,10 +106,13 @@ def _saved(model: ShapesModel, ema) -> ShapesModel:
 
 def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
     """Exact-reward summary of `model` on held-out and on training prompts (fixed prompts and seeds):
-    the curve that tells whether pretraining is teaching shapes, not just lowering the loss."""
+    the curve that tells whether pretraining is teaching shapes, not just lowering the loss. Sampled on
+    the CPU (a copy when the model trains elsewhere), as the rollouts that use the bundled model are."""
     from solrl.evaluate import eval_prompts, evaluate, summary_metrics
     from solrl.rollout import SamplerSpec
 
+    if cfg.device != "cpu":
+        model = ShapesModel(copy.deepcopy(model.transformer).cpu(), copy.deepcopy(model.text_encoder).cpu())
     train_caps, held = split_prompts()
     out = {}
     for split, caps in (("heldout", held), ("train", train_caps)):
@@ -119,13 +125,16 @@ def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
 
 
 def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesModel:
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {cfg.device!r}: torch sees no CUDA device here")
     out.mkdir(parents=True, exist_ok=True)
     if cfg.init_from:
         model = ShapesModel.load(cfg.init_from)
     else:
         model = ShapesModel.random(cfg.seed, layers=cfg.layers, heads=cfg.heads, patch=cfg.patch)
-    model.transformer.train().requires_grad_(True)
-    model.text_encoder.train().requires_grad_(True)
+    model.transformer.to(device).train().requires_grad_(True)
+    model.text_encoder.to(device).train().requires_grad_(True)
     params = [*model.transformer.parameters(), *model.text_encoder.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     train_caps, _ = split_prompts()
@@ -153,6 +162,7 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
             t = torch.sigmoid(torch.randn(cfg.batch_size, generator=gen))
         else:
             t = torch.rand(cfg.batch_size, generator=gen)
+        x0, noise, t = x0.to(device), noise.to(device), t.to(device)
         xt = (1 - t[:, None, None, None]) * x0 + t[:, None, None, None] * noise
         v = model.velocity(model.transformer, xt, t, model.encode(prompts))
         loss = F.mse_loss(v, noise - x0)
@@ -184,6 +194,6 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
             _saved(model, ema).save(out / f"step_{step + 1:05d}", card)
     if ema is not None:
         model = _saved(model, ema)
-    model.transformer.eval().requires_grad_(False)
-    model.text_encoder.eval().requires_grad_(False)
+    model.transformer.cpu().eval().requires_grad_(False)
+    model.text_encoder.cpu().eval().requires_grad_(False)
     return model
