@@ -81,7 +81,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     cfg = PretrainConfig(steps=a.steps, batch_size=a.batch_size, seed=a.seed, init_from=a.init_from,
                          **({"lr": a.lr} if a.lr else {}), **({"warmup": a.warmup} if a.warmup is not None else {}),
                          ema_decay=a.ema_decay, t_sampling=a.t_sampling, eval_every=a.eval_every,
-                         layers=a.layers, heads=a.heads, patch=a.patch, device=a.device,
+                         denoiser=a.denoiser, layers=a.layers, heads=a.heads, patch=a.patch, device=a.device,
                          **({"min_lr_ratio": a.min_lr_ratio} if a.min_lr_ratio is not None else {}))
     if cfg.steps <= 0 or cfg.batch_size <= 0:
         raise ConfigError("--steps and --batch-size must be positive")
@@ -237,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--min-lr-ratio", type=float, default=None, help="cosine floor as a share of --lr")
     sp.add_argument("--ema-decay", type=float, default=0.0, help="save an EMA of the weights (e.g. 0.999)")
     sp.add_argument("--t-sampling", choices=["uniform", "logit_normal"], default="uniform")
+    sp.add_argument("--denoiser", choices=["pixart", "sana", "unet"], default="pixart",
+                    help="denoiser family of a fresh model (diffusers PixArt / SANA transformer, or a UNet)")
     sp.add_argument("--layers", type=int, default=8, help="transformer blocks of a fresh model")
     sp.add_argument("--heads", type=int, default=6, help="attention heads (width 32 each) of a fresh model")
     sp.add_argument("--patch", type=int, default=4, help="patch size of a fresh model")

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from solrl.models import load_model
+from solrl.models.shapes import ShapesModel
 from solrl.models.shapes_pretrain import PretrainConfig, lr_at, pretrain
 
 
@@ -97,10 +98,11 @@ def test_bundled_base_is_in_the_useful_band_and_its_card_is_reproducible():
 
 
 def test_model_card_reads_the_saved_config_and_plots_the_tracking(tmp_path):
+    from solrl.models.shapes_card import denoiser_text
     from solrl.models.shapes_card import main as card
 
     torch.set_num_threads(1)
-    cfg = PretrainConfig(steps=2, batch_size=2, save_every=2, seed=0, layers=1, heads=2, eval_every=1,
+    cfg = PretrainConfig(steps=3, batch_size=2, save_every=2, seed=0, denoiser="unet", heads=2, eval_every=1,
                          eval_prompts=2, eval_steps=2)
     pretrain(cfg, tmp_path / "p", progress=False)
     result = {"mean_reward": 0.5, "colour_accuracy": 0.5, "shape_accuracy": 0.25, "count_accuracy": 0.4,
@@ -108,14 +110,18 @@ def test_model_card_reads_the_saved_config_and_plots_the_tracking(tmp_path):
     (tmp_path / "ev").mkdir()
     (tmp_path / "ev" / "eval.json").write_text(json.dumps({"prompts": 2, "seeds_per_prompt": 1,
                                                              "results": {"10": result}}))
-    weights = tmp_path / "p" / "step_00002"
+    weights = tmp_path / "p" / "step_00002"   # a checkpoint before the run's end: --upto leaves step 3 out
     card(["--weights", str(weights), "--logs", str(tmp_path / "p" / "loss.jsonl"), "--eval", str(tmp_path / "ev"),
-          "--commands", "solrl shapes pretrain --layers 1 --heads 2", "--tracking", str(tmp_path / "p" / "eval.jsonl")])
+          "--commands", "solrl shapes pretrain --denoiser unet --heads 2", "--tracking",
+          str(tmp_path / "p" / "eval.jsonl"), "--upto", "2"])
     text = (weights / "README.md").read_text()
-    assert "1 layers" in text and "2 heads x 32" in text  # from the saved config, not the code's defaults
+    assert "`UNet2DConditionModel`" in text and "32/64/64 channels" in text  # from the saved config
     assert "## Tracked during pretraining" in text and "| 1 | " in text and "| 2 | " in text
+    assert "| 3 | " not in text and "2 steps of AdamW" in text
     assert "| 10 | 0.500 | 0.500 | 0.250 | 0.400 | 0.600 | 0.125 |" in text
     assert (weights / "tracking_curve.png").stat().st_size > 1000
+    pixart = ShapesModel.random(seed=0, layers=1, heads=2).transformer.config
+    assert "1 PixArt blocks" in denoiser_text(dict(pixart), 10) and "2 heads x 32" in denoiser_text(dict(pixart), 10)
 
 
 def test_pretrain_device_is_checked(tmp_path):

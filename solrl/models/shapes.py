@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers import PixArtTransformer2DModel
+from diffusers import PixArtTransformer2DModel, SanaTransformer2DModel, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel
 
 from solrl.models.base import Cond, ModelSpec, T2IModel
@@ -27,8 +27,10 @@ SPEC = ModelSpec(
     latent_shape=(3, IMAGE_SIZE, IMAGE_SIZE),
     lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
     # Embedders (patch, timestep, caption) and the final projection stay high precision, as the
-    # reference keeps embedders and the final layer of SANA / SD3.5 / FLUX.
-    quant_skip=("pos_embed.*", "adaln_single.*", "caption_projection.*", "proj_out*"),
+    # reference keeps embedders and the final layer of SANA / SD3.5 / FLUX. Names of all three denoiser
+    # families: PixArt (pos_embed, adaln_single), SANA (time_embed), UNet (time_embedding).
+    quant_skip=("pos_embed.*", "adaln_single.*", "time_embed.*", "time_embedding.*", "caption_projection.*",
+                "proj_out*"),
     quant_min_features=0,
     default_solver="euler",
 )
@@ -38,14 +40,50 @@ MAX_TOKENS = 14  # BOS + at most 10 words + EOS, with room
 _WORD_ID = {w: i + 3 for i, w in enumerate(VOCAB)}
 
 
-def transformer_config(layers: int = 8, heads: int = 6, patch: int = 4) -> dict:
+DENOISERS = ("pixart", "sana", "unet")
+_DENOISER_CLASSES = {"pixart": PixArtTransformer2DModel, "sana": SanaTransformer2DModel, "unet": UNet2DConditionModel}
+
+
+def transformer_config(layers: int = 8, heads: int = 6, patch: int = 4, denoiser: str = "pixart") -> dict:
     """The denoiser's diffusers config (heads of width 32; the bundled model's own config.json rules
-    when it is loaded)."""
-    return dict(
-        sample_size=IMAGE_SIZE, patch_size=patch, in_channels=3, out_channels=3, num_layers=layers,
-        num_attention_heads=heads, attention_head_dim=32, cross_attention_dim=32 * heads, caption_channels=64,
-        norm_type="ada_norm_single", use_additional_conditions=False, num_embeds_ada_norm=1000,
-    )
+    when it is loaded).
+
+    denoiser: "pixart" (PixArtTransformer2DModel: softmax self-attention, MLP), "sana"
+    (SanaTransformer2DModel, SANA's block: ReLU linear self-attention and a Mix-FFN whose 3x3 depthwise
+    convolution gives every token its neighbourhood) or "unet" (UNet2DConditionModel; `layers` and
+    `patch` do not apply: 32/64/64 channels, cross-attention at 16x16 and 8x8).
+    """
+    if denoiser == "pixart":
+        return dict(
+            sample_size=IMAGE_SIZE, patch_size=patch, in_channels=3, out_channels=3, num_layers=layers,
+            num_attention_heads=heads, attention_head_dim=32, cross_attention_dim=32 * heads, caption_channels=64,
+            norm_type="ada_norm_single", use_additional_conditions=False, num_embeds_ada_norm=1000,
+        )
+    if denoiser == "sana":
+        # interpolation_scale=1: fixed sin-cos position embeddings (None would drop them, as SANA 1.0
+        # does at scale; a 32x32 canvas with 'on the left' prompts wants absolute positions).
+        return dict(
+            sample_size=IMAGE_SIZE, patch_size=patch, in_channels=3, out_channels=3, num_layers=layers,
+            num_attention_heads=heads, attention_head_dim=32, num_cross_attention_heads=heads,
+            cross_attention_head_dim=32, cross_attention_dim=32 * heads, caption_channels=64, mlp_ratio=2.5,
+            interpolation_scale=1,
+        )
+    if denoiser == "unet":
+        return dict(
+            sample_size=IMAGE_SIZE, in_channels=3, out_channels=3, layers_per_block=1,
+            block_out_channels=(32, 64, 64),
+            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+            up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+            cross_attention_dim=64, attention_head_dim=heads, norm_num_groups=8, use_linear_projection=True,
+        )
+    raise ValueError(f"denoiser must be one of {list(DENOISERS)}, got {denoiser!r}")
+
+
+def denoiser_kind(transformer: torch.nn.Module) -> str:
+    for kind, cls in _DENOISER_CLASSES.items():
+        if isinstance(transformer, cls):
+            return kind
+    raise TypeError(f"not a shapes denoiser: {type(transformer).__name__}")
 
 
 def text_encoder_config() -> CLIPTextConfig:
@@ -75,11 +113,12 @@ class ShapesModel(T2IModel):
 
     # ---------------------------------------------------------------- building and loading
     @classmethod
-    def random(cls, seed: int = 0, **arch) -> "ShapesModel":
+    def random(cls, seed: int = 0, denoiser: str = "pixart", **arch) -> "ShapesModel":
         """Seeded random initialisation (what pretraining starts from); `arch`: transformer_config's
         layers / heads / patch."""
+        config = transformer_config(denoiser=denoiser, **arch)
         torch.manual_seed(seed)
-        return cls(PixArtTransformer2DModel(**transformer_config(**arch)), CLIPTextModel(text_encoder_config()))
+        return cls(_DENOISER_CLASSES[denoiser](**config), CLIPTextModel(text_encoder_config()))
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "ShapesModel":
@@ -91,7 +130,11 @@ class ShapesModel(T2IModel):
                 f"shapes model weights not found in {path}: missing {missing}. "
                 "Train them with `solrl shapes pretrain --out DIR` or point --set model.path=DIR at them."
             )
-        tr = PixArtTransformer2DModel.from_pretrained(path / "transformer", local_files_only=True, use_safetensors=True)
+        class_name = json.loads((path / "transformer" / "config.json").read_text()).get("_class_name")
+        classes = {c.__name__: c for c in _DENOISER_CLASSES.values()}
+        if class_name not in classes:
+            raise ValueError(f"{path / 'transformer'}: denoiser class {class_name!r} is not one of {sorted(classes)}")
+        tr = classes[class_name].from_pretrained(path / "transformer", local_files_only=True, use_safetensors=True)
         te = CLIPTextModel.from_pretrained(path / "text_encoder", local_files_only=True, use_safetensors=True)
         tr.eval().requires_grad_(False)
         te.eval().requires_grad_(False)
@@ -118,10 +161,15 @@ class ShapesModel(T2IModel):
 
     def velocity(self, transformer, x, t, cond):
         t = t.to(x.dtype).reshape(-1).expand(x.shape[0]) if t.numel() == 1 else t.to(x.dtype)
-        out = transformer(
-            x, encoder_hidden_states=cond.embeds.to(x.dtype), timestep=t * 1000.0,
-            encoder_attention_mask=cond.mask, added_cond_kwargs={"resolution": None, "aspect_ratio": None},
-        )
+        emb = cond.embeds.to(x.dtype)
+        base = getattr(transformer, "_orig_mod", transformer)  # torch.compile keeps the module underneath
+        if isinstance(base, PixArtTransformer2DModel):
+            out = transformer(x, encoder_hidden_states=emb, timestep=t * 1000.0, encoder_attention_mask=cond.mask,
+                              added_cond_kwargs={"resolution": None, "aspect_ratio": None})
+        elif isinstance(base, UNet2DConditionModel):
+            out = transformer(x, t * 1000.0, encoder_hidden_states=emb, encoder_attention_mask=cond.mask)
+        else:
+            out = transformer(x, encoder_hidden_states=emb, timestep=t * 1000.0, encoder_attention_mask=cond.mask)
         return out.sample
 
     def decode(self, latents: torch.Tensor) -> np.ndarray:

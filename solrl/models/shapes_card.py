@@ -10,14 +10,14 @@ import json
 from pathlib import Path
 
 
-def tracking_curve(path: Path, out: Path) -> list[dict]:
+def tracking_curve(path: Path, out: Path, upto: int | None = None) -> list[dict]:
     """Plot the pretraining's tracked exact-reward attributes (OUT/eval.jsonl) against the step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    recs = _records(path, upto)
     fig, ax = plt.subplots(figsize=(7, 3.5), dpi=110)
     steps = [r["step"] for r in recs]
     for i, (split, style) in enumerate((("heldout", "-"), ("train", "--"))):
@@ -33,7 +33,30 @@ def tracking_curve(path: Path, out: Path) -> list[dict]:
     return recs
 
 
-def loss_curve(logs: list[Path], out: Path) -> list[dict]:
+def _records(path: Path, upto: int | None) -> list[dict]:
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in recs if upto is None or r["step"] <= upto]
+
+
+def denoiser_text(cfg: dict, n_params: int) -> str:
+    """One sentence on the denoiser, from its diffusers config.json."""
+    cls = cfg.get("_class_name", "PixArtTransformer2DModel")
+    if cls == "UNet2DConditionModel":
+        chans = "/".join(str(c) for c in cfg["block_out_channels"])
+        attn = [b for b in cfg["down_block_types"] if b.startswith("CrossAttn")]
+        return (f"diffusers `UNet2DConditionModel`, {n_params:,} parameters: {chans} channels at 32/16/8 px, "
+                f"{cfg['layers_per_block']} ResNet block per level, self- and cross-attention to the text in "
+                f"{len(attn)} of {len(cfg['down_block_types'])} levels (and the middle), pixel space (32x32 RGB in "
+                f"[-1, 1]), sinusoidal timestep embedding (t x 1000)")
+    heads, width = cfg["num_attention_heads"], cfg["attention_head_dim"]
+    block = ("SANA blocks (ReLU linear self-attention, Mix-FFN with a 3x3 depthwise convolution)"
+             if cls == "SanaTransformer2DModel" else "PixArt blocks (softmax self-attention, MLP)")
+    return (f"diffusers `{cls}`, {n_params:,} parameters: {cfg['num_layers']} {block}, {heads} heads x {width}, "
+            f"patch {cfg['patch_size']}, pixel space (32x32 RGB in [-1, 1]), AdaLN-single timestep conditioning "
+            f"(t x 1000), cross-attention to the text")
+
+
+def loss_curve(logs: list[Path], out: Path, upto: int | None = None) -> list[dict]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,7 +65,7 @@ def loss_curve(logs: list[Path], out: Path) -> list[dict]:
     phases, offset = [], 0
     fig, ax = plt.subplots(figsize=(7, 3.5), dpi=110)
     for i, log in enumerate(logs):
-        recs = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        recs = _records(log, upto if i == len(logs) - 1 else None)
         steps = [offset + r["step"] for r in recs]
         losses = [r["loss"] for r in recs]
         k = 25
@@ -71,9 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--commands", nargs="+", required=True, help="the commands that trained the weights")
     p.add_argument("--notes", default="", help="how it ran (threads, other load, EMA), one sentence")
     p.add_argument("--tracking", default=None, help="the pretraining's eval.jsonl (shape accuracy over steps)")
+    p.add_argument("--upto", type=int, default=None,
+                   help="the weights are the last phase's checkpoint at this step (logs past it are left out)")
     a = p.parse_args(argv)
     w = Path(a.weights)
-    phases = loss_curve([Path(x) for x in a.logs], w / "loss_curve.png")
+    phases = loss_curve([Path(x) for x in a.logs], w / "loss_curve.png", a.upto)
     ev = json.loads((Path(a.eval) / "eval.json").read_text())
     n_tr = sum(v.numel() for v in __import__("safetensors.torch", fromlist=["load_file"]).load_file(
         str(w / "transformer" / "diffusion_pytorch_model.safetensors")).values())
@@ -87,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = json.loads((w / "transformer" / "config.json").read_text())
     track = ""
     if a.tracking:
-        recs = tracking_curve(Path(a.tracking), w / "tracking_curve.png")
+        recs = tracking_curve(Path(a.tracking), w / "tracking_curve.png", a.upto)
         track = "\n".join(
             f"| {r['step']} | {r['heldout']['shape_accuracy']:.3f} | {r['heldout']['exact_match']:.3f} | "
             f"{r['heldout']['mean_reward']:.3f} | {r['train']['shape_accuracy']:.3f} | {r['train']['mean_reward']:.3f} |"
@@ -108,9 +133,7 @@ seed, 10 Euler steps) and the exact reward scores them (`tracking_curve.png`):
 A tiny text-to-image flow-matching model of the shapes world (`docs/shapes.md`), trained by this
 project from a fixed seed; the weights in this folder are what `load_model("shapes")` loads.
 
-- **Denoiser**: diffusers `PixArtTransformer2DModel`, {n_tr:,} parameters: {cfg['num_layers']} layers,
-  {cfg['num_attention_heads']} heads x {cfg['attention_head_dim']}, patch {cfg['patch_size']}, pixel space
-  (32x32 RGB in [-1, 1]), AdaLN-single timestep conditioning (t x 1000), cross-attention to the text.
+- **Denoiser**: {denoiser_text(cfg, n_tr)}.
 - **Text encoder**: transformers `CLIPTextModel`, {n_te:,} parameters (2 layers, width 64) over a word-level
   tokenizer of the world's closed vocabulary; "" is the unconditional prompt (10% caption dropout).
 - **Objective**: rectified flow, x_t = (1-t) x0 + t noise, MSE on v = noise - x0, t ~ U(0, 1).

@@ -39,7 +39,8 @@ class PretrainConfig:
     init_from: str | None = None   # continue from saved weights (a second phase); None = random init
     ema_decay: float = 0.0         # > 0: keep an exponential moving average of the weights and save it
     t_sampling: str = "uniform"    # "uniform" or "logit_normal" (SD3's weighting of the middle of t)
-    layers: int = 8                # architecture of a fresh model (ignored with init_from)
+    denoiser: str = "pixart"       # architecture of a fresh model (ignored with init_from): pixart | sana | unet
+    layers: int = 8
     heads: int = 6
     patch: int = 4
     eval_every: int = 500          # > 0: score the saved (EMA) weights on held-out and training prompts
@@ -132,7 +133,8 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
     if cfg.init_from:
         model = ShapesModel.load(cfg.init_from)
     else:
-        model = ShapesModel.random(cfg.seed, layers=cfg.layers, heads=cfg.heads, patch=cfg.patch)
+        model = ShapesModel.random(cfg.seed, denoiser=cfg.denoiser, layers=cfg.layers, heads=cfg.heads,
+                                   patch=cfg.patch)
     model.transformer.to(device).train().requires_grad_(True)
     model.text_encoder.to(device).train().requires_grad_(True)
     params = [*model.transformer.parameters(), *model.text_encoder.parameters()]
