@@ -81,7 +81,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     cfg = PretrainConfig(steps=a.steps, batch_size=a.batch_size, seed=a.seed, init_from=a.init_from,
                          **({"lr": a.lr} if a.lr else {}), **({"warmup": a.warmup} if a.warmup is not None else {}),
                          ema_decay=a.ema_decay, t_sampling=a.t_sampling, eval_every=a.eval_every,
-                         denoiser=a.denoiser, layers=a.layers, heads=a.heads, patch=a.patch, device=a.device,
+                         stop_at=a.stop_at, denoiser=a.denoiser, layers=a.layers, heads=a.heads, patch=a.patch, device=a.device,
                          **({"min_lr_ratio": a.min_lr_ratio} if a.min_lr_ratio is not None else {}))
     if cfg.steps <= 0 or cfg.batch_size <= 0:
         raise ConfigError("--steps and --batch-size must be positive")
@@ -227,7 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     ssub = s.add_subparsers(dest="shapes_cmd", required=True)
     sp = ssub.add_parser("pretrain", help="train the bundled shapes model from a fixed seed")
     sp.add_argument("--out", required=True)
-    sp.add_argument("--steps", type=int, default=1200)
+    sp.add_argument("--steps", type=int, default=1200, help="length of the learning-rate schedule")
+    sp.add_argument("--stop-at", type=int, default=0,
+                    help="end after this step, saving it, while lr follows the --steps schedule (a checkpoint "
+                         "chosen from a longer run, reproduced without running the rest)")
     sp.add_argument("--batch-size", type=int, default=64)
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--threads", type=int, default=0)

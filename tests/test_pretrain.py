@@ -146,3 +146,17 @@ def test_pretraining_on_cuda_follows_the_cpu_run(tmp_path):
     assert losses[0] == pytest.approx(losses[1], rel=1e-3)
     assert next(model.transformer.parameters()).device.type == "cpu"   # returned on the CPU, ready to save
     assert (tmp_path / "gpu" / "eval.jsonl").read_text().strip()
+
+
+def test_stop_at_reproduces_a_longer_runs_checkpoint(tmp_path):
+    """--stop-at N of a --steps M schedule saves exactly the weights the M-step run saved at step N (the bundled
+    base is a checkpoint chosen from a longer run's tracked curve)."""
+    torch.set_num_threads(1)
+    common = dict(steps=4, batch_size=2, save_every=2, seed=2, denoiser="unet", heads=2, eval_every=0, ema_decay=0.9)
+    pretrain(PretrainConfig(**common), tmp_path / "long", progress=False)
+    short = pretrain(PretrainConfig(**common, stop_at=2), tmp_path / "short", progress=False)
+    assert sorted(p.name for p in (tmp_path / "short").glob("step_*")) == ["step_00002"]
+    assert torch.equal(_params(short), _params(load_model("shapes", tmp_path / "long" / "step_00002")))
+    with pytest.raises(ValueError, match="stop_at must be in"):
+        pretrain(PretrainConfig(**{**common, "stop_at": 5}), tmp_path / "bad", progress=False)
+    assert not (tmp_path / "bad").exists()

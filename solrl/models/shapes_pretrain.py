@@ -43,6 +43,8 @@ class PretrainConfig:
     layers: int = 8
     heads: int = 6
     patch: int = 4
+    stop_at: int = 0               # > 0: end after this step (saved there) while lr follows the `steps` schedule:
+                                   # a checkpoint chosen from a longer run's tracked curve, reproduced alone
     eval_every: int = 500          # > 0: score the saved (EMA) weights on held-out and training prompts
     eval_prompts: int = 48         # prompts of each split per tracking evaluation (1 fixed seed each)
     eval_steps: int = 10           # Euler steps of those samples (the rollout grid)
@@ -129,6 +131,8 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
     device = torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {cfg.device!r}: torch sees no CUDA device here")
+    if not 0 <= cfg.stop_at <= cfg.steps:
+        raise ValueError(f"stop_at must be in [0, steps={cfg.steps}], got {cfg.stop_at}")
     out.mkdir(parents=True, exist_ok=True)
     if cfg.init_from:
         model = ShapesModel.load(cfg.init_from)
@@ -148,12 +152,13 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
         from torch.optim.swa_utils import AveragedModel
         ema = AveragedModel(torch.nn.ModuleList([model.transformer, model.text_encoder]),
                             multi_avg_fn=_warm_ema(cfg.ema_decay), use_buffers=True)
+    last = cfg.stop_at or cfg.steps
     if cfg.t_sampling not in ("uniform", "logit_normal"):
         raise ValueError(f"t_sampling must be 'uniform' or 'logit_normal', got {cfg.t_sampling!r}")
     log = (out / "loss.jsonl").open("w")
     evals = (out / "eval.jsonl").open("w")
     t0 = time.time()
-    bar = tqdm(range(cfg.steps), desc="pretrain", disable=not progress)
+    bar = tqdm(range(last), desc="pretrain", disable=not progress)
     for step in bar:
         prompts = sampler(rng, cfg.batch_size)
         x0 = images_to_latents(np.stack([render(parse(p), rng) for p in prompts]))
@@ -181,7 +186,7 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
         log.write(json.dumps(rec) + "\n")
         log.flush()
         bar.set_postfix(loss=f"{rec['loss']:.4f}")
-        if cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
+        if cfg.eval_every > 0 and ((step + 1) % cfg.eval_every == 0 or step + 1 == last):
             with torch.no_grad():
                 saved = _saved(model, ema)
                 was = saved.transformer.training, saved.text_encoder.training
@@ -190,7 +195,7 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
                 saved.transformer.train(was[0]), saved.text_encoder.train(was[1])
             evals.write(json.dumps(rec_eval) + "\n")
             evals.flush()
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+        if (step + 1) % cfg.save_every == 0 or step + 1 == last:
             card = {"config": asdict(cfg), "steps_done": step + 1, "elapsed_s": rec["elapsed_s"],
                     "torch_threads": torch.get_num_threads(), "parent": _parent_card(cfg.init_from)}
             _saved(model, ema).save(out / f"step_{step + 1:05d}", card)
