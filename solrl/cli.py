@@ -240,11 +240,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--min-lr-ratio", type=float, default=None, help="cosine floor as a share of --lr")
     sp.add_argument("--ema-decay", type=float, default=0.0, help="save an EMA of the weights (e.g. 0.999)")
     sp.add_argument("--t-sampling", choices=["uniform", "logit_normal"], default="uniform")
-    sp.add_argument("--denoiser", choices=["pixart", "sana", "unet"], default="pixart",
-                    help="denoiser family of a fresh model (diffusers PixArt / SANA transformer, or a UNet)")
-    sp.add_argument("--layers", type=int, default=8, help="transformer blocks of a fresh model")
-    sp.add_argument("--heads", type=int, default=6, help="attention heads (width 32 each) of a fresh model")
-    sp.add_argument("--patch", type=int, default=4, help="patch size of a fresh model")
+    sp.add_argument("--denoiser", choices=["pixart", "sana", "unet"], default="unet",
+                    help="denoiser family of a fresh model: diffusers UNet (the bundled model's), PixArt or SANA "
+                         "transformer")
+    sp.add_argument("--layers", type=int, default=8, help="transformer blocks of a fresh PixArt / SANA model")
+    sp.add_argument("--heads", type=int, default=4,
+                    help="attention heads of a fresh model (transformers: width 32 each)")
+    sp.add_argument("--patch", type=int, default=4, help="patch size of a fresh PixArt / SANA model")
     sp.add_argument("--eval-every", type=int, default=500,
                     help="score the saved weights on held-out and training prompts every N steps (0: never); "
                          "OUT/eval.jsonl")

@@ -104,6 +104,38 @@ def test_curve_interval_and_cost_model():
     assert mean == pytest.approx(0.6) and half == pytest.approx(4.302653 * 0.1 / np.sqrt(3), rel=1e-5)
     assert np.isnan(interval([0.5])[1])
     assert (forward_cost("nvfp4-emu"), forward_cost("fp8-e4m3-emu"), forward_cost("bf16")) == (0.25, 0.5, 1.0)
+    # only the quantized share of the forward runs at the low-precision rate
+    assert forward_cost("nvfp4-emu", 0.4) == pytest.approx(0.6 + 0.4 * 0.25)
+    assert forward_cost("bf16", 0.4) == 1.0
+
+
+def test_the_quantized_share_counts_linear_and_conv_work():
+    """layer_macs counts what a forward executes: a Linear of 8->4 on 3x5 tokens is 3*5*8*4 MACs, a 3x3 conv of
+    2->6 channels on 7x7 (padding 1) is 7*7*6 outputs x 2*9 inputs; the share is the selected layers' part."""
+    import torch
+
+    from solrl.bench.curve import explore_share
+    from solrl.config import get_preset
+    from solrl.precision.base import layer_macs, quantized_mac_share
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 4)
+            self.conv = torch.nn.Conv2d(2, 6, 3, padding=1)
+
+        def forward(self, x, img):
+            return self.lin(x), self.conv(img)
+
+    net = Net()
+    run = lambda: net(torch.zeros(3, 5, 8), torch.zeros(1, 2, 7, 7))  # noqa: E731
+    assert layer_macs(net, run) == {"lin": 3 * 5 * 8 * 4, "conv": 7 * 7 * 6 * 2 * 9}
+    assert quantized_mac_share(net, ["lin"], run) == pytest.approx(480 / (480 + 5292))
+    with pytest.raises(ValueError, match="not called"):
+        quantized_mac_share(net, ["other"], run)
+    # the bundled model's explorer quantizes its Linear layers, not its convolutions
+    share = explore_share(get_preset("shapes-sol-rl"))
+    assert 0.05 < share < 0.95
 
 
 def test_curve_on_another_reward(tmp_path):

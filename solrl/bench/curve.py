@@ -6,7 +6,8 @@ Each mode runs its preset `repeats` times (run seeds seed, seed+1, ...), the sam
 epoch, evaluated every few epochs on the same held-out prompts and seeds (evaluation time not counted).
 
 Cost model (B200 bound, as the paper's hardware): a denoiser forward costs 1 in BF16 (or FP32), 1/2 in
-FP8 and 1/4 in FP4; a training (sample, timestep) pair costs the old and reference forwards plus the
+FP8 and 1/4 in FP4 for the share of its multiply-accumulates that the low-precision backend quantizes
+(measured per run: convolutions and layers kept in high precision stay at 1); a training (sample, timestep) pair costs the old and reference forwards plus the
 trainable forward and its backward (backward = 2 forwards), 5 in all (4 without the KL reference).
 Wall-clock on CPU counts emulated low precision, which costs more than BF16 here.
 
@@ -32,19 +33,41 @@ PRESETS = {"sol_rl": "shapes-sol-rl", "diffusion_nft": "shapes-diffusion-nft",
            "naive_scaling": "shapes-naive-scaling", "naive_quant": "shapes-naive-quant"}
 
 
-def forward_cost(backend: str) -> float:
-    """Cost of one denoiser forward relative to BF16 on the B200 bound."""
+def forward_cost(backend: str, quantized_share: float = 1.0) -> float:
+    """Cost of one denoiser forward relative to BF16 on the B200 bound. Only the quantized layers' share of
+    the forward's multiply-accumulates runs at the low-precision rate; the rest (convolutions, layers kept in
+    high precision) costs what it costs in BF16."""
     b = backend.lower()
-    if "fp4" in b:
-        return 0.25
-    if "fp8" in b:
-        return 0.5
-    return 1.0
+    rate = 0.25 if "fp4" in b else 0.5 if "fp8" in b else 1.0
+    return (1.0 - quantized_share) + quantized_share * rate
 
 
-def epoch_cost(rec: dict[str, Any], cfg) -> float:
-    """BF16-forward equivalents of one epoch's rollouts and training (see the module doc)."""
-    explore = rec.get("forwards_explore", 0) * forward_cost(cfg.rollout.explore_precision.backend)
+def explore_share(cfg) -> float:
+    """Share of one explore forward's Linear + Conv2d multiply-accumulates in the layers the run's explore
+    backend quantizes (1.0 for a backend that quantizes nothing, whose rate is 1 anyway)."""
+    import torch
+
+    from solrl.models import load_model
+    from solrl.precision import PrecisionConfig, build_backend
+    from solrl.precision.base import quantized_mac_share
+
+    model = load_model(cfg.model.name, cfg.model.path)
+    spec, prec = model.spec, cfg.rollout.explore_precision
+    backend = build_backend(PrecisionConfig(backend=prec.backend, skip=tuple(prec.skip) + tuple(spec.quant_skip),
+                                            min_features=max(prec.min_features, spec.quant_min_features)))
+    selected = backend.selected_layers(model.transformer)
+    if not selected:
+        return 1.0
+    x = torch.zeros(1, *spec.latent_shape)
+    cond = model.encode(["a red circle"]) if cfg.model.name == "shapes" else model.encode_uncond(1)
+    return quantized_mac_share(model.transformer, selected,
+                               lambda: model.velocity(model.transformer, x, torch.tensor([0.5]), cond))
+
+
+def epoch_cost(rec: dict[str, Any], cfg, share: float = 1.0) -> float:
+    """BF16-forward equivalents of one epoch's rollouts and training (see the module doc); `share`: the explore
+    forward's quantized share (explore_share)."""
+    explore = rec.get("forwards_explore", 0) * forward_cost(cfg.rollout.explore_precision.backend, share)
     regen = rec.get("forwards_regenerate", 0) * forward_cost(cfg.rollout.precision.backend)
     per_pair = 5.0 if cfg.train.kl_beta > 0 else 4.0
     k = timestep_count(cfg.rollout.steps, cfg.train.timestep_fraction)
@@ -65,16 +88,18 @@ def one_run(preset: str, sets: list[str], run_dir: Path) -> dict[str, Any]:
     cfg = apply_overrides(get_preset(preset), sets).validate()
     train(cfg, run_dir, progress=False, log=lambda *_: None)
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    share = explore_share(cfg)
     clock = cost = 0.0
     points = []
     for r in recs:
         clock += r.get("time_epoch_s", 0.0)
-        cost += epoch_cost(r, cfg) if r["epoch"] > 0 else 0.0
+        cost += epoch_cost(r, cfg, share) if r["epoch"] > 0 else 0.0
         if "eval.mean_reward" in r:
             points.append({"epoch": r["epoch"], "wall_s": round(clock, 2), "cost_bf16_fwd": round(cost, 1),
                            "reward": r["eval.mean_reward"], "exact_match": r.get("eval.exact_match"),
                            "shape_accuracy": r.get("eval.shape_accuracy")})
     return {"points": points, "train_wall_s": round(clock, 2), "cost_bf16_fwd": round(cost, 1),
+            "explore_quantized_share": round(share, 4),
             "cost_per_epoch": round(cost / max(1, recs[-1]["epoch"]), 1)}
 
 
@@ -188,6 +213,7 @@ def _ci(mean: float, half: float | None) -> str:
 
 
 def markdown(r: dict[str, Any], name: str = "curve") -> str:
+    share = r["modes"]["sol_rl"]["runs"][0].get("explore_quantized_share", 1.0)
     lines = ["| mode | reward before | final reward (95% CI) | final exact match | cost / epoch (BF16 fwd eq.) | "
              "CPU wall s | epochs to diffusion_nft's final | cost to reach it |",
              "|---|---|---|---|---|---|---|---|"]
@@ -207,8 +233,9 @@ def markdown(r: dict[str, Any], name: str = "curve") -> str:
                          + " |")
     return (f"Trained on `{r['reward']}`, evaluated with `{r['eval_reward']}`, "
             f"{r['epochs']} epochs per run, {r['repeats']} run seeds per mode from seed {r['seed']}, held-out "
-            f"reward every {r['eval_every']} epochs; plot `{name}.png`. Cost counts FP4 forwards at 1/4 and FP8 at 1/2 "
-            f"of a BF16 forward (the B200 bound) and a trained (sample, timestep) pair at 5 forwards; CPU wall-clock "
+            f"reward every {r['eval_every']} epochs; plot `{name}.png`. Cost counts the quantized layers of an FP4 forward "
+            f"at 1/4 and of an FP8 one at 1/2 of BF16 (the B200 bound; here they hold {share:.0%} of the explore "
+            f"forward's multiply-accumulates, the rest counts at 1) and a trained (sample, timestep) pair at 5 forwards; CPU wall-clock "
             f"counts emulated FP4, which is slower than BF16 here.\n\n" + "\n".join(lines) + "\n"
             + "\n".join(per_epoch) + "\n\nThe paper's convergence claims on these runs:\n\n"
             + "\n".join(f"- {c}" for c in r["claims"]) + "\n")

@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = json.loads((w / "transformer" / "config.json").read_text())
     track = ""
     if a.tracking:
-        recs = tracking_curve(Path(a.tracking), w / "tracking_curve.png", a.upto)
+        recs = tracking_curve(Path(a.tracking), w / "tracking_curve.png")
+        chosen = (f" The weights are the run's step-{a.upto} checkpoint, chosen from this curve; the rows after it "
+                  "show where the run went on." if a.upto else "")
         track = "\n".join(
             f"| {r['step']} | {r['heldout']['shape_accuracy']:.3f} | {r['heldout']['exact_match']:.3f} | "
             f"{r['heldout']['mean_reward']:.3f} | {r['train']['shape_accuracy']:.3f} | {r['train']['mean_reward']:.3f} |"
@@ -121,13 +123,15 @@ def main(argv: list[str] | None = None) -> None:
 ## Tracked during pretraining
 
 Every few hundred steps the saved (EMA) weights sample 48 held-out and 48 training prompts (1 fixed
-seed, 10 Euler steps) and the exact reward scores them (`tracking_curve.png`):
+seed, 10 Euler steps) and the exact reward scores them (`tracking_curve.png`).{chosen}
 
 | step | held-out shape acc. | held-out exact match | held-out reward | train shape acc. | train reward |
 |---|---|---|---|---|---|
 {track}
-""".replace("{track}", track)
+""".replace("{track}", track).replace("{chosen}", chosen)
     total_s = sum(ph["elapsed_s"] for ph in phases)
+    saved = json.loads((w / "card.json").read_text()).get("config", {}) if (w / "card.json").exists() else {}
+    schedule = f" (of a {saved['steps']:,}-step learning-rate schedule)" if a.upto and saved.get("steps") else ""
     text = f"""# Model card: `shapes` (bundled)
 
 A tiny text-to-image flow-matching model of the shapes world (`docs/shapes.md`), trained by this
@@ -139,7 +143,7 @@ project from a fixed seed; the weights in this folder are what `load_model("shap
 - **Objective**: rectified flow, x_t = (1-t) x0 + t noise, MSE on v = noise - x0, t ~ U(0, 1).
 - **Data**: rendered on the fly from the training prompts only (held-out prompts never rendered),
   forms balanced single 0.4 / count 0.2 / relation 0.4; batch 64.
-- **Training**: {' then '.join(f"{ph['steps']} steps" for ph in phases)} of AdamW (weight decay 0.01,
+- **Training**: {' then '.join(f"{ph['steps']} steps" for ph in phases)}{schedule} of AdamW (weight decay 0.01,
   grad clip 1.0, warm-up then cosine), {total_s / 60:.0f} minutes in all on 2 CPU cores.
   {a.notes} Reproduce with:
 

@@ -254,3 +254,39 @@ def _validate_weights(
             raise ValueError(f"weights[{name!r}] contains NaN or inf")
         targets[name] = module
     return targets
+
+
+def layer_macs(model: nn.Module, run: Callable[[], object]) -> dict[str, int]:
+    """Multiply-accumulates of every nn.Linear and nn.Conv2d of `model` during one call of `run`, by module
+    name (forward hooks count what the call really executes; torch has no per-module FLOP counter that keeps
+    module names for both layer kinds, so this is written here)."""
+    macs: dict[str, int] = {}
+
+    def hook(name: str, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        if isinstance(module, nn.Conv2d):
+            per_out = (module.in_channels // module.groups) * module.kernel_size[0] * module.kernel_size[1]
+            n = output.numel() * per_out
+        else:
+            n = inputs[0].numel() // module.in_features * module.in_features * module.out_features
+        macs[name] = macs.get(name, 0) + n
+
+    handles = [m.register_forward_hook(partial(hook, name)) for name, m in model.named_modules()
+               if name and (is_plain_linear(m) or isinstance(m, nn.Conv2d))]
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+    return macs
+
+
+def quantized_mac_share(model: nn.Module, selected: list[str], run: Callable[[], object]) -> float:
+    """Share of one forward's Linear + Conv2d multiply-accumulates that runs in the `selected` layers (what a
+    backend quantizes): the part of the forward a low-precision kernel speeds up."""
+    macs = layer_macs(model, run)
+    total = sum(macs.values())
+    missing = [n for n in selected if n not in macs]
+    if missing:
+        raise ValueError(f"selected layers not called by the forward: {missing[:3]}")
+    return sum(macs[n] for n in selected) / total if total else 0.0
