@@ -69,7 +69,8 @@ class TrainConfig:
     eps: float = 1e-8
     max_grad_norm: float = 1.0
     micro_batch: int = 16
-    optimizer_steps_per_epoch: int = 1  # gradient accumulation over the whole epoch by default
+    optimizer_steps_per_epoch: int = 1  # gradient accumulation over the whole epoch by default; 0 = one step per
+                                        # prompt group (as many steps as rollout.prompts_per_epoch)
     timestep_fraction: float = 0.6
     beta: float = 1.0                   # guidance strength of DiffusionNFT
     adv_clip_max: float = 5.0
@@ -138,9 +139,12 @@ class RunConfig:
             raise ConfigError("sampler.guidance must be >= 1 and sampler.shift > 0")
         if not 0 < t.timestep_fraction <= 1:
             raise ConfigError(f"train.timestep_fraction must be in (0, 1], got {t.timestep_fraction}")
-        for name in ("lr", "micro_batch", "optimizer_steps_per_epoch", "beta", "adv_clip_max", "max_grad_norm"):
+        for name in ("lr", "micro_batch", "beta", "adv_clip_max", "max_grad_norm"):
             if getattr(t, name) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
+        if t.optimizer_steps_per_epoch < 0:
+            raise ConfigError(f"train.optimizer_steps_per_epoch must be >= 0 (0: one per prompt group), "
+                              f"got {t.optimizer_steps_per_epoch}")
         if t.optimizer_steps_per_epoch > r.prompts_per_epoch:
             raise ConfigError(f"train.optimizer_steps_per_epoch={t.optimizer_steps_per_epoch} exceeds "
                               f"rollout.prompts_per_epoch={r.prompts_per_epoch}: each optimizer step trains on whole "
@@ -282,14 +286,22 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
 
 def _shapes_base(name: str, mode: str) -> RunConfig:
     """The shapes world, sized so `make demo` finishes in under 10 minutes on two CPU cores: 8 prompts x
-    16 explored seeds -> 8 kept, timestep fraction 0.4 (the reference uses 48 x 96 -> 24 and 0.6 / 0.4)."""
+    16 explored seeds -> 8 kept (the reference: 48 x 96 -> 24).
+
+    The trainer departs from the reference's one optimizer step per epoch at lr 3e-4, because a 15-epoch run
+    of that takes 15 small steps: it takes one step per prompt group (optimizer_steps_per_epoch=0: 8 per
+    epoch) at lr 1e-3 and trains every
+    sample at all 10 rollout timesteps (timestep fraction 1.0; the reference uses 0.6 / 0.4). On the bundled
+    base this raised the held-out exact reward +0.078 in 15 epochs, against +0.024 with one step per epoch at
+    3e-4 and fraction 0.4, and +0.022 with 4 steps (docs/shapes.md)."""
     cfg = RunConfig(name=name, seed=0, epochs=15, threads=0)
     cfg.lora = LoraConfig(rank=16, alpha=32.0)
     cfg.rollout = RolloutConfig(
         mode=mode, prompts_per_epoch=8, pool=16, kept=8, explore_steps=6, steps=10, micro_batch=128,
         explore_precision=PrecisionConfig(backend="nvfp4-emu"), precision=PrecisionConfig(backend="bf16"),
     )
-    cfg.train = TrainConfig(lr=3e-4, micro_batch=32, timestep_fraction=0.4, weight_decay=1e-4)
+    cfg.train = TrainConfig(lr=1e-3, micro_batch=32, timestep_fraction=1.0, weight_decay=1e-4,
+                            optimizer_steps_per_epoch=0)
     cfg.eval = EvalConfig(every=5, steps=(10,), prompts=48, seeds_per_prompt=2, reward="shapes")
     return cfg
 

@@ -48,12 +48,13 @@ class NFTTrainer:
         Prompt groups are kept whole: groups come in a random order (members shuffled within each),
         each optimizer step takes a contiguous run of whole groups, and micro-batches cut that step's
         samples. So every step's advantages are centred on its own prompts, as they are with the
-        reference's single step per epoch. Asking for more steps than there are groups is an error.
+        reference's single step per epoch. Asking for more steps than there are groups is an error; 0 asks
+        for one step per group.
         """
-        steps = self.cfg.optimizer_steps_per_epoch
         members: dict[int, list[int]] = {}
         for i, g in enumerate(group):
             members.setdefault(int(g), []).append(i)
+        steps = self.cfg.optimizer_steps_per_epoch or len(members)  # 0: one step per prompt group
         if steps > len(members):
             raise ValueError(
                 f"train.optimizer_steps_per_epoch={steps} exceeds the {len(members)} prompt groups of this epoch: "

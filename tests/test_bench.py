@@ -170,3 +170,16 @@ def test_selection_contrast():
     assert selection_contrast(kept, "best_worst") == pytest.approx(
         {"rollout.reward_best_half": 0.675, "rollout.reward_worst_half": 0.15})
     assert selection_contrast(kept, "random") == {}
+
+
+def test_denoisers_small(tmp_path):
+    r = run_bench("denoisers", tmp_path, small=True)
+    rows = r["rows"]
+    assert [x["class"] for x in rows.values()] == ["UNet2DConditionModel", "PixArtTransformer2DModel",
+                                                   "SanaTransformer2DModel"]
+    for x in rows.values():
+        assert x["train_step_s"] > 0 and x["forward_s"] > 0 and 0 < x["nvfp4_quantized_mac_share"] <= 1
+    # the PixArt transformer is nearly all Linear work; the UNet's convolutions stay out of the explorer's FP4
+    assert rows["pixart patch 4, 6 x 128 (before)"]["nvfp4_quantized_mac_share"] > 0.9
+    assert rows["unet 32/64/64 (bundled)"]["nvfp4_quantized_mac_share"] < 0.5
+    assert "| unet 32/64/64 (bundled) |" in (tmp_path / "denoisers.md").read_text()

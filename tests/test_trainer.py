@@ -26,10 +26,12 @@ def test_steps_take_whole_prompt_groups(session):
     group = [g for g in range(5) for _ in range(4)]  # 5 prompts x 4 kept, in prompt order
     rng = np.random.default_rng(0)
     shuffled = list(rng.permutation(group))
-    for steps in (1, 2, 3, 5):
+    for steps in (1, 2, 3, 5, 0):
         trainer.cfg.optimizer_steps_per_epoch = steps
         plan = trainer.plan(shuffled, torch.Generator().manual_seed(steps))
-        assert len(plan) == steps
+        assert len(plan) == (steps or 5)   # 0: one step per prompt group
+        if steps == 0:
+            assert all(len({shuffled[i] for i in torch.cat(micro).tolist()}) == 1 for micro in plan)
         seen = []
         for micro in plan:
             idx = torch.cat(micro).tolist()
@@ -52,6 +54,11 @@ def test_config_refuses_more_steps_than_prompts():
     cfg = apply_overrides(get_preset("shapes-sol-rl"), ["train.optimizer_steps_per_epoch=9"])
     with pytest.raises(ConfigError, match="optimizer_steps_per_epoch=9 exceeds rollout.prompts_per_epoch=8"):
         cfg.validate()
+    with pytest.raises(ConfigError, match="optimizer_steps_per_epoch must be >= 0"):
+        apply_overrides(get_preset("shapes-sol-rl"), ["train.optimizer_steps_per_epoch=-1"]).validate()
+    # the shapes presets take one step per prompt group, whatever the number of prompts
+    cfg = apply_overrides(get_preset("shapes-sol-rl"), ["rollout.prompts_per_epoch=2"]).validate()
+    assert cfg.train.optimizer_steps_per_epoch == 0
 
 
 def test_each_sample_gets_its_own_timestep_permutation(session):

@@ -17,6 +17,7 @@ BENCHES: dict[str, str] = {
     "ablate": "pool size and explore steps at a fixed training budget",
     "curve": "held-out reward against wall-clock for the four modes; time to reach diffusion_nft's final",
     "serve": "services vs embedded epoch time; reward service throughput and latency via tritonclient",
+    "denoisers": "shapes denoiser families: pretraining step and 16-seed forward cost, NVFP4-quantized share",
 }
 
 
