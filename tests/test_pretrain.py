@@ -123,7 +123,7 @@ def test_model_card_reads_the_saved_config_and_plots_the_tracking(tmp_path):
     assert "`UNet2DConditionModel`" in text and "32/64/64 channels" in text  # from the saved config
     assert "## Tracked during pretraining" in text and "| 1 | " in text and "| 2 | " in text
     assert "| 3 | " in text and "step-2 checkpoint, chosen from this curve" in text   # the whole tracked curve
-    assert "2 steps of AdamW" in text                                                 # the weights' own steps
+    assert "2 steps (of a 3-step learning-rate schedule) of AdamW" in text            # the weights' own steps
     assert "| 10 | 0.500 | 0.500 | 0.250 | 0.400 | 0.600 | 0.125 |" in text
     assert (weights / "tracking_curve.png").stat().st_size > 1000
     pixart = ShapesModel.random(seed=0, layers=1, heads=2).transformer.config
