@@ -46,6 +46,7 @@ from solrl.adapters.lora import PREFIX, check_state
 from solrl.adapters.merge import lora_layout, merge_lora, target_weights
 from solrl.models.base import ModelSpec
 from solrl.precision import PrecisionConfig, build_backend
+from solrl.precision.base import with_model_skips
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +104,7 @@ def serving_precision(precision: PrecisionConfig, spec: ModelSpec) -> PrecisionC
     """`precision` plus the model's own skip list and minimum layer size (as `InferenceCopy` combines them)."""
     if not isinstance(precision, PrecisionConfig):
         raise TypeError(f"precision must be a PrecisionConfig, got {type(precision).__name__}")
-    return PrecisionConfig(backend=precision.backend, skip=tuple(precision.skip) + tuple(spec.quant_skip),
-                           min_features=max(precision.min_features, spec.quant_min_features),
-                           quantize_activations=precision.quantize_activations)
+    return with_model_skips(precision, spec.quant_skip, spec.quant_min_features)
 
 
 class HotSwapModel:

@@ -48,13 +48,12 @@ def explore_share(cfg) -> float:
     import torch
 
     from solrl.models import load_model
-    from solrl.precision import PrecisionConfig, build_backend
-    from solrl.precision.base import quantized_mac_share
+    from solrl.precision import build_backend
+    from solrl.precision.base import quantized_mac_share, with_model_skips
 
     model = load_model(cfg.model.name, cfg.model.path)
-    spec, prec = model.spec, cfg.rollout.explore_precision
-    backend = build_backend(PrecisionConfig(backend=prec.backend, skip=tuple(prec.skip) + tuple(spec.quant_skip),
-                                            min_features=max(prec.min_features, spec.quant_min_features)))
+    spec = model.spec
+    backend = build_backend(with_model_skips(cfg.rollout.explore_precision, spec.quant_skip, spec.quant_min_features))
     selected = backend.selected_layers(model.transformer)
     if not selected:
         return 1.0

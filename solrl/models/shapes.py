@@ -45,6 +45,7 @@ _WORD_ID = {w: i + 3 for i, w in enumerate(VOCAB)}
 
 DENOISERS = ("pixart", "sana", "unet")
 _DENOISER_CLASSES = {"pixart": PixArtTransformer2DModel, "sana": SanaTransformer2DModel, "unet": UNet2DConditionModel}
+_BY_CLASS_NAME = {cls.__name__: cls for cls in _DENOISER_CLASSES.values()}
 
 
 def transformer_config(layers: int = 8, heads: int = 6, patch: int = 4, denoiser: str = "pixart") -> dict:
@@ -134,10 +135,10 @@ class ShapesModel(T2IModel):
                 "Train them with `solrl shapes pretrain --out DIR` or point --set model.path=DIR at them."
             )
         class_name = json.loads((path / "transformer" / "config.json").read_text()).get("_class_name")
-        classes = {c.__name__: c for c in _DENOISER_CLASSES.values()}
-        if class_name not in classes:
-            raise ValueError(f"{path / 'transformer'}: denoiser class {class_name!r} is not one of {sorted(classes)}")
-        tr = classes[class_name].from_pretrained(path / "transformer", local_files_only=True, use_safetensors=True)
+        if class_name not in _BY_CLASS_NAME:
+            raise ValueError(f"{path / 'transformer'}: denoiser class {class_name!r} is not one of "
+                             f"{sorted(_BY_CLASS_NAME)}")
+        tr = _BY_CLASS_NAME[class_name].from_pretrained(path / "transformer", local_files_only=True, use_safetensors=True)
         te = CLIPTextModel.from_pretrained(path / "text_encoder", local_files_only=True, use_safetensors=True)
         tr.eval().requires_grad_(False)
         te.eval().requires_grad_(False)
@@ -165,11 +166,11 @@ class ShapesModel(T2IModel):
     def velocity(self, transformer, x, t, cond):
         t = t.to(x.dtype).reshape(-1).expand(x.shape[0]) if t.numel() == 1 else t.to(x.dtype)
         emb = cond.embeds.to(x.dtype)
-        base = getattr(transformer, "_orig_mod", transformer)  # torch.compile keeps the module underneath
-        if isinstance(base, PixArtTransformer2DModel):
+        kind = denoiser_kind(getattr(transformer, "_orig_mod", transformer))  # torch.compile keeps it underneath
+        if kind == "pixart":
             out = transformer(x, encoder_hidden_states=emb, timestep=t * 1000.0, encoder_attention_mask=cond.mask,
                               added_cond_kwargs={"resolution": None, "aspect_ratio": None})
-        elif isinstance(base, UNet2DConditionModel):
+        elif kind == "unet":
             out = transformer(x, t * 1000.0, encoder_hidden_states=emb, encoder_attention_mask=cond.mask)
         else:
             out = transformer(x, encoder_hidden_states=emb, timestep=t * 1000.0, encoder_attention_mask=cond.mask)

@@ -10,14 +10,14 @@ import json
 from pathlib import Path
 
 
-def tracking_curve(path: Path, out: Path, upto: int | None = None) -> list[dict]:
+def tracking_curve(path: Path, out: Path) -> list[dict]:
     """Plot the pretraining's tracked exact-reward attributes (OUT/eval.jsonl) against the step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recs = _records(path, upto)
+    recs = _records(path, None)
     fig, ax = plt.subplots(figsize=(7, 3.5), dpi=110)
     steps = [r["step"] for r in recs]
     for i, (split, style) in enumerate((("heldout", "-"), ("train", "--"))):

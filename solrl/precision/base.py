@@ -200,6 +200,13 @@ class PrecisionBackend:
         }
 
 
+def with_model_skips(precision: PrecisionConfig, skip: tuple[str, ...], min_features: int) -> PrecisionConfig:
+    """`precision` plus a model's own high-precision layers (its spec's skip patterns and size threshold)."""
+    return PrecisionConfig(backend=precision.backend, skip=tuple(precision.skip) + tuple(skip),
+                           min_features=max(precision.min_features, min_features),
+                           quantize_activations=precision.quantize_activations)
+
+
 def select_linear_layers(model: nn.Module, cfg: PrecisionConfig, block_size: int) -> list[str]:
     """Names of plain nn.Linear layers kept by `cfg.skip` / `cfg.min_features` whose
     in_features is a multiple of `block_size` (the root module is never selected)."""

@@ -12,6 +12,7 @@ from torch import nn
 
 from solrl.adapters import LoraAdapters, make_inference_copy
 from solrl.precision import PrecisionConfig, build_backend
+from solrl.precision.base import with_model_skips
 
 
 class InferenceCopy:
@@ -19,10 +20,7 @@ class InferenceCopy:
                  min_features: int = 0) -> None:
         base = adapters.model
         self.module: nn.Module = make_inference_copy(adapters, type(base), base.config)
-        cfg = PrecisionConfig(backend=precision.backend, skip=tuple(precision.skip) + tuple(skip),
-                              min_features=max(precision.min_features, min_features),
-                              quantize_activations=precision.quantize_activations)
-        self.backend = build_backend(cfg)
+        self.backend = build_backend(with_model_skips(precision, skip, min_features))
         self.backend.prepare(self.module)
         self.version = 0
 
