@@ -117,6 +117,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
         kw["reward"] = a.reward
     if a.repeats:
         kw["repeats"] = a.repeats
+    if a.jobs:
+        kw["jobs"] = a.jobs
+    if a.name == "curve" and a.threads:
+        kw["threads"] = a.threads  # per run: the runs set their own torch threads
     try:
         result = run_bench(a.name, Path(a.out), small=a.small, **kw)
     except ValueError as exc:
@@ -274,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--reward", default=None, help="curve: train on this reward (default: shapes); shapes-world rewards "
                                                   "are evaluated with the exact shapes reward")
     b.add_argument("--repeats", type=int, default=None, help="curve: training runs (run seeds) per mode (default 3)")
+    b.add_argument("--jobs", type=int, default=None,
+                   help="curve: training runs at once, in separate processes (default 1); with --threads, threads per run, "
+                        "else the cores shared out; finished runs under --out are reused")
     b.set_defaults(fn=cmd_bench)
 
     sv = sub.add_parser("serve", help="run one service role (what containers run)")

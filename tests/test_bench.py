@@ -184,3 +184,33 @@ def test_denoisers_small(tmp_path):
     assert rows["pixart patch 4, 6 x 128 (before)"]["nvfp4_quantized_mac_share"] > 0.9
     assert rows["unet 32/64/64 (bundled)"]["nvfp4_quantized_mac_share"] < 0.5
     assert "| unet 32/64/64 (bundled) |" in (tmp_path / "denoisers.md").read_text()
+
+
+@pytest.mark.slow
+def test_curve_runs_in_parallel_and_reuses_finished_runs(tmp_path):
+    """Two spawned jobs of one thread each give the numbers a run in this process gives (the runs are
+    independent); a second call reuses the finished runs; a run asked for with other settings trains again."""
+    import torch
+
+    from solrl.bench.curve import one_run
+
+    args = ["bench", "curve", "--small", "--epochs", "1", "--repeats", "2", "--threads", "1", "--jobs", "2",
+            "--out", str(tmp_path)]
+    assert main(args) == 0
+    par = json.loads((tmp_path / "curve.json").read_text())
+    assert par["jobs"] == 2 and par["threads_per_run"] == 1 and "threads=1" in par["settings"]
+    run_dir = tmp_path / "curve_runs" / "sol_rl_seed1"
+    metrics = run_dir / "metrics.jsonl"
+    stamp = metrics.stat().st_mtime_ns
+    assert main(args) == 0
+    assert metrics.stat().st_mtime_ns == stamp  # reused, not retrained
+    assert json.loads((tmp_path / "curve.json").read_text())["modes"] == par["modes"]
+    threads = torch.get_num_threads()
+    try:
+        here = one_run("shapes-sol-rl", par["settings"] + ["seed=1"], tmp_path / "here")
+        again = one_run("shapes-sol-rl", par["settings"] + ["seed=1", "eval.prompts=3"], run_dir)  # other settings
+    finally:
+        torch.set_num_threads(threads)
+    same = lambda run: [{k: v for k, v in p.items() if k != "wall_s"} for p in run["points"]]  # noqa: E731
+    assert same(here) == same(par["modes"]["sol_rl"]["runs"][1])
+    assert metrics.stat().st_mtime_ns != stamp and same(again) != same(here)

@@ -84,7 +84,18 @@ def interval(values: list[float]) -> tuple[float, float]:
 
 
 def one_run(preset: str, sets: list[str], run_dir: Path) -> dict[str, Any]:
+    """Train one run (or reuse it: a finished run of the same preset and settings is read back from
+    `curve_run.json`, so an interrupted benchmark continues where it stopped)."""
+    done = run_dir / "curve_run.json"
+    if done.exists():
+        saved = json.loads(done.read_text())
+        if saved.get("preset") == preset and saved.get("settings") == sets:
+            return saved["result"]
     cfg = apply_overrides(get_preset(preset), sets).validate()
+    if run_dir.exists():  # an unfinished or differently-set run: start it again
+        import shutil
+
+        shutil.rmtree(run_dir)
     train(cfg, run_dir, progress=False, log=lambda *_: None)
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     share = explore_share(cfg)
@@ -97,9 +108,24 @@ def one_run(preset: str, sets: list[str], run_dir: Path) -> dict[str, Any]:
             points.append({"epoch": r["epoch"], "wall_s": round(clock, 2), "cost_bf16_fwd": round(cost, 1),
                            "reward": r["eval.mean_reward"], "exact_match": r.get("eval.exact_match"),
                            "shape_accuracy": r.get("eval.shape_accuracy")})
-    return {"points": points, "train_wall_s": round(clock, 2), "cost_bf16_fwd": round(cost, 1),
-            "explore_quantized_share": round(share, 4),
-            "cost_per_epoch": round(cost / max(1, recs[-1]["epoch"]), 1)}
+    result = {"points": points, "train_wall_s": round(clock, 2), "cost_bf16_fwd": round(cost, 1),
+              "explore_quantized_share": round(share, 4),
+              "cost_per_epoch": round(cost / max(1, recs[-1]["epoch"]), 1)}
+    done.write_text(json.dumps({"preset": preset, "settings": sets, "result": result}, indent=1))
+    return result
+
+
+def run_all(jobs: list[tuple[str, list[str], Path]], workers: int) -> list[dict[str, Any]]:
+    """one_run over `jobs`, `workers` at a time in spawned processes (each run sets its own torch threads
+    through `threads=`); results in the order of `jobs`. Runs are independent, so the order they finish in
+    changes nothing."""
+    if workers <= 1:
+        return [one_run(*j) for j in jobs]
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        return list(pool.map(one_run, *zip(*jobs)))
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -124,7 +150,10 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0, reward: str | None = None,
-        repeats: int | None = None, eval_reward: str | None = None) -> dict[str, Any]:
+        repeats: int | None = None, eval_reward: str | None = None, jobs: int = 1,
+        threads: int = 0) -> dict[str, Any]:
+    """`jobs` runs train at once, each on `threads` torch threads (0: the cores shared out between the jobs);
+    runs already finished under `out` with the same settings are reused."""
     n_epochs = epochs or (2 if small else 12)
     n_runs = repeats or (2 if small else 3)
     every = 1 if small else max(2, n_epochs // 6)
@@ -137,17 +166,25 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     if small:
         sets += ["rollout.prompts_per_epoch=2", "rollout.pool=6", "rollout.kept=4", "eval.prompts=4",
                  "eval.seeds_per_prompt=1", "lora.rank=4", "lora.alpha=8", "train.micro_batch=8"]
+    import os
+
+    per_run = threads or (max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0)
+    if per_run:  # 0: a single job keeps the process's own torch threads
+        sets.append(f"threads={per_run}")
+    plan = [(mode, preset, sets + [f"seed={seed + i}"], out / f"{name}_runs" / f"{mode}_seed{seed + i}")
+            for mode, preset in PRESETS.items() for i in range(n_runs)]
+    results = run_all([p[1:] for p in plan], jobs)
     modes: dict[str, Any] = {}
-    for mode, preset in PRESETS.items():
-        runs = [one_run(preset, sets + [f"seed={seed + i}"], out / f"{name}_runs" / f"{mode}_seed{seed + i}")
-                for i in range(n_runs)]
+    for mode in PRESETS:
+        runs = [r for p, r in zip(plan, results) if p[0] == mode]
         modes[mode] = {"runs": runs, **summarise(runs)}
     target = modes["diffusion_nft"]["final"]["reward_mean"]
     for m in modes.values():
         hit = next((row for row in m["epochs"] if row["epoch"] > 0 and row["reward_mean"] >= target), None)
         m["epochs_to_nft_final"] = hit["epoch"] if hit else None
         m["cost_to_nft_final"] = hit["cost_bf16_fwd"] if hit else None
-    result = {"epochs": n_epochs, "eval_every": every, "repeats": n_runs, "seed": seed, "reward": reward or "shapes",
+    result = {"epochs": n_epochs, "eval_every": every, "repeats": n_runs, "seed": seed, "jobs": jobs,
+              "threads_per_run": per_run, "reward": reward or "shapes",
               "eval_reward": judge, "settings": sets, "nft_final_reward": target, "claims": claims(modes), "modes": modes}
     plot(modes, out / f"{name}.png", judge)
     return write_results(out, name, result, markdown(result, name))
