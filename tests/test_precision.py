@@ -18,6 +18,7 @@ from torch import nn
 from torchao.prototype.mx_formats.config import ScaleCalculationMode
 from torchao.prototype.mx_formats.mx_tensor import MXTensor
 from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor
+from torchao.quantization import Float8Tensor
 
 from solrl.precision import (
     EmuQuantLinear,
@@ -117,9 +118,11 @@ def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer, quantized weights as (packed values, scales)."""
     out: dict[str, torch.Tensor] = {}
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
-        if isinstance(t, (NVFP4Tensor, MXTensor)):
-            out[name + ".qdata"] = t.qdata.clone()
-            out[name + ".scale"] = t.scale.view(torch.uint8).clone()
+        if isinstance(t, (NVFP4Tensor, MXTensor, Float8Tensor)):
+            out[name + ".qdata"] = t.qdata.view(torch.uint8).clone()
+            out[name + ".scale"] = (t.scale.view(torch.uint8) if t.scale.element_size() == 1 else t.scale).clone()
+            if getattr(t, "per_tensor_scale", None) is not None:
+                out[name + ".per_tensor_scale"] = t.per_tensor_scale.clone()
         else:
             out[name] = t.detach().clone()
     return out
@@ -135,8 +138,9 @@ def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
 
 
 def test_registry_has_the_cpu_backends() -> None:
-    assert {"fp32", "bf16", "nvfp4-emu", "mxfp4-emu"} <= set(available_backends())
-    for name in ("fp32", "bf16", "nvfp4-emu", "mxfp4-emu"):
+    cpu = ("fp32", "bf16", "nvfp4-emu", "mxfp4-emu", "nvfp4-te-emu", "fp8-e4m3-emu", "fp8-e5m2-emu")
+    assert set(cpu) <= set(available_backends())
+    for name in cpu:
         assert build_backend(PrecisionConfig(backend=name)).name == name
 
 
@@ -412,7 +416,8 @@ def new_weights(model: nn.Module, names: list[str]) -> dict[str, torch.Tensor]:
                            model.get_submodule(n).in_features, generator=g) for n in names}
 
 
-@pytest.mark.parametrize("backend", ["nvfp4-emu", "mxfp4-emu", "bf16", "fp32"])
+@pytest.mark.parametrize("backend", ["nvfp4-emu", "mxfp4-emu", "nvfp4-te-emu", "fp8-e4m3-emu", "fp8-e5m2-emu", "bf16",
+                                     "fp32"])
 def test_requantize_equals_preparing_from_the_new_weights(backend: str) -> None:
     names = ["blocks.0.attn.to_q", "blocks.1.ff.2", "proj_out", "adapter"]
     model, be = prepared(backend, skip=("proj_out",))
@@ -467,7 +472,7 @@ def test_set_weight_rejects_wrong_shape() -> None:
 # ---------------------------------------------------------------- copies
 
 
-@pytest.mark.parametrize("backend", ["nvfp4-emu", "mxfp4-emu", "bf16"])
+@pytest.mark.parametrize("backend", ["nvfp4-emu", "mxfp4-emu", "nvfp4-te-emu", "fp8-e4m3-emu", "bf16"])
 def test_deepcopy_of_prepared_model_is_identical_and_independent(backend: str) -> None:
     model, be = prepared(backend)
     caps, extra = toy_inputs()

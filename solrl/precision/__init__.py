@@ -21,6 +21,13 @@ from solrl.precision.emulated import (
     NVFP4EmuBackend,
     NVFP4EmuLinear,
 )
+from solrl.precision.emulated_te import (
+    FP8E4M3EmuBackend,
+    FP8E5M2EmuBackend,
+    FP8EmuLinear,
+    NVFP4TEEmuBackend,
+    NVFP4TEEmuLinear,
+)
 from solrl.precision.reference import Bf16Backend, Fp32Backend
 from solrl.precision.transformer_engine import (
     FP8TEBackend,
@@ -32,12 +39,17 @@ __all__ = [
     "BACKENDS",
     "Bf16Backend",
     "EmuQuantLinear",
+    "FP8E4M3EmuBackend",
+    "FP8E5M2EmuBackend",
+    "FP8EmuLinear",
     "FP8TEBackend",
     "Fp32Backend",
     "MXFP4EmuBackend",
     "MXFP4EmuLinear",
     "NVFP4EmuBackend",
     "NVFP4EmuLinear",
+    "NVFP4TEEmuBackend",
+    "NVFP4TEEmuLinear",
     "NVFP4TEBackend",
     "PrecisionBackend",
     "PrecisionConfig",
