@@ -142,6 +142,17 @@ def cmd_list(a: argparse.Namespace) -> int:
     if a.what == "presets":
         for n in sorted(PRESETS):
             print(n)
+    elif a.what == "models" and a.action == "quantized":
+        from solrl.models import load_model
+        from solrl.precision.policy import POLICIES, format_report, share_report
+
+        names = a.model or ["shapes"]
+        for name in names:
+            try:
+                model = load_model(name, a.path)
+                print(format_report(share_report(model, a.backend, tuple(a.policy or POLICIES))))
+            except (FileNotFoundError, ValueError) as exc:
+                raise ConfigError(f"models quantized: {exc}") from None
     elif a.what == "models":
         from solrl.models import available_models
 
@@ -317,8 +328,15 @@ def build_parser() -> argparse.ArgumentParser:
     rs.set_defaults(fn=cmd_reward_score)
 
     for what in ("presets", "models", "rewards"):
-        lp = sub.add_parser(what, help=f"list {what}")
-        lp.add_argument("action", nargs="?", default="list", choices=["list"])
+        lp = sub.add_parser(what, help=f"list {what}" + (" (`models quantized`: what each precision policy "
+                                                          "quantizes)" if what == "models" else ""))
+        lp.add_argument("action", nargs="?", default="list", choices=["list", "quantized"] if what == "models"
+                        else ["list"])
+        if what == "models":
+            lp.add_argument("--model", action="append", help="quantized: a registered model (repeat; default shapes)")
+            lp.add_argument("--path", default=None, help="quantized: the model's local weights directory")
+            lp.add_argument("--backend", default="nvfp4-emu", help="quantized: the explorer backend (default nvfp4-emu)")
+            lp.add_argument("--policy", action="append", help="quantized: a policy (repeat; default all)")
         lp.set_defaults(fn=cmd_list, what=what)
     return p
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,16 +18,22 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 class PrecisionConfig:
     """Which backend to build and which nn.Linear layers it may quantize.
 
-    `skip` holds fnmatch patterns matched against each Linear's full module name
-    (e.g. "*proj_out*", "caption_projection.*"); `min_features` skips any Linear whose
-    larger dimension max(in, out) is below it; `quantize_activations` picks W4A4 (True)
-    or weight-only quantization (False).
+    The per-layer policy: `skip` holds fnmatch patterns matched against each Linear's full module
+    name (e.g. "*proj_out*", "caption_projection.*"; each must match a Linear of the model);
+    `min_features` skips any Linear whose larger dimension max(in, out) is below it (the reference's
+    size threshold); `keep_first_blocks` / `keep_last_blocks` keep every Linear of the denoiser's first
+    / last N blocks (`denoiser_blocks`) in high precision. `quantize_activations` picks W4A4 (True) or
+    weight-only quantization (False). `model_skip` holds the model's own patterns (set by
+    `with_model_skips` from the model spec; not checked for matches, since one list serves a family).
     """
 
     backend: str = "bf16"
     skip: tuple[str, ...] = ()
     min_features: int = 0
     quantize_activations: bool = True
+    keep_first_blocks: int = 0
+    keep_last_blocks: int = 0
+    model_skip: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.backend, str):
@@ -36,10 +43,15 @@ class PrecisionConfig:
         if not all(isinstance(p, str) for p in self.skip):
             raise TypeError(f"skip must hold only str patterns, got {self.skip!r}")
         self.skip = tuple(self.skip)
-        if isinstance(self.min_features, bool) or not isinstance(self.min_features, int):
-            raise TypeError(f"min_features must be an int, got {self.min_features!r}")
-        if self.min_features < 0:
-            raise ValueError(f"min_features must be >= 0, got {self.min_features}")
+        if isinstance(self.model_skip, str) or not all(isinstance(p, str) for p in self.model_skip):
+            raise TypeError(f"model_skip must be a tuple of str patterns, got {self.model_skip!r}")
+        self.model_skip = tuple(self.model_skip)
+        for name in ("min_features", "keep_first_blocks", "keep_last_blocks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
         if not isinstance(self.quantize_activations, bool):
             raise TypeError(
                 f"quantize_activations must be a bool, got {self.quantize_activations!r}"
@@ -202,22 +214,53 @@ class PrecisionBackend:
 
 def with_model_skips(precision: PrecisionConfig, skip: tuple[str, ...], min_features: int) -> PrecisionConfig:
     """`precision` plus a model's own high-precision layers (its spec's skip patterns and size threshold)."""
-    return PrecisionConfig(backend=precision.backend, skip=tuple(precision.skip) + tuple(skip),
-                           min_features=max(precision.min_features, min_features),
-                           quantize_activations=precision.quantize_activations)
+    return dataclasses.replace(precision, model_skip=tuple(precision.model_skip) + tuple(skip),
+                               min_features=max(precision.min_features, min_features))
+
+
+def denoiser_blocks(model: nn.Module) -> list[str]:
+    """The denoiser's blocks in order: the items of its top-level ModuleLists whose names end in "blocks"
+    (`transformer_blocks`; FLUX's `transformer_blocks` then `single_transformer_blocks`; a UNet's
+    `down_blocks` then `up_blocks`), in the order the model registers them."""
+    out = []
+    for name, child in model.named_children():
+        if isinstance(child, nn.ModuleList) and name.endswith("blocks"):
+            out.extend(f"{name}.{i}" for i in range(len(child)))
+    return out
+
+
+def policy_kept_blocks(model: nn.Module, cfg: PrecisionConfig) -> list[str]:
+    """The blocks `keep_first_blocks` / `keep_last_blocks` keep in high precision (errors name the field)."""
+    n_first, n_last = cfg.keep_first_blocks, cfg.keep_last_blocks
+    if not n_first and not n_last:
+        return []
+    blocks = denoiser_blocks(model)
+    if n_first + n_last > len(blocks):
+        raise ValueError(f"keep_first_blocks={n_first} + keep_last_blocks={n_last} exceed the "
+                         f"{len(blocks)} blocks of {type(model).__name__}")
+    return blocks[:n_first] + (blocks[len(blocks) - n_last:] if n_last else [])
 
 
 def select_linear_layers(model: nn.Module, cfg: PrecisionConfig, block_size: int) -> list[str]:
-    """Names of plain nn.Linear layers kept by `cfg.skip` / `cfg.min_features` whose
-    in_features is a multiple of `block_size` (the root module is never selected)."""
+    """Names of plain nn.Linear layers the policy quantizes: not matched by `cfg.skip` or `cfg.model_skip`,
+    not below `cfg.min_features`, not in a kept first / last block, with in_features a multiple of
+    `block_size` (the root module is never selected). A `cfg.skip` pattern that matches no Linear of the
+    model is an error (a typo would otherwise quantize what it meant to keep)."""
     check_module(model)
+    linears = [(n, m) for n, m in model.named_modules() if n and is_plain_linear(m)]
+    for pattern in cfg.skip:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n, _ in linears):
+            examples = ", ".join(n for n, _ in linears[:3])
+            raise ValueError(f"skip pattern {pattern!r} matches no Linear layer of {type(model).__name__} "
+                             f"(its Linear layers are named like {examples})")
+    kept = tuple(b + "." for b in policy_kept_blocks(model, cfg))
     names = []
-    for name, module in model.named_modules():
-        if not name or not is_plain_linear(module):
-            continue
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in cfg.skip):
+    for name, module in linears:
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in (*cfg.skip, *cfg.model_skip)):
             continue
         if max(module.in_features, module.out_features) < cfg.min_features:
+            continue
+        if kept and name.startswith(kept):
             continue
         if module.in_features % block_size != 0:
             continue
