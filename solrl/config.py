@@ -48,6 +48,24 @@ class SamplerConfig:
 
 
 @dataclass
+class ProxyConfig:
+    """The adaptive proxy (solrl/proxy.py), used when rollout.explore_precision.backend is "auto": at the start
+    of a run, measure each candidate proxy (FORMAT@EXPLORE_STEPS[/POLICY]) against BF16 at full steps on
+    `prompts` x `seeds` and explore with the cheapest whose mean Kendall tau reaches `target` under the
+    `device` cost model (b200: FP4 1/4, FP8 1/2 of a BF16 forward; h100 / h200: FP8 1/2, no FP4; cpu:
+    measured). During the run, `patience` epochs in a row below `target` (the loop's kept-seed tau) move
+    to the next dearer candidate; `every` > 0 calibrates again every that many epochs."""
+
+    candidates: tuple[str, ...] = ("nvfp4-emu@4", "nvfp4-emu@6", "fp8-e4m3-emu@4", "fp8-e4m3-emu@6", "bf16@6")
+    device: str = "b200"
+    target: float = 0.5
+    prompts: int = 4
+    seeds: int = 16
+    patience: int = 3
+    every: int = 0
+
+
+@dataclass
 class RolloutConfig:
     mode: str = "sol_rl"      # sol_rl | diffusion_nft | naive_scaling | naive_quant
     prompts_per_epoch: int = 48
@@ -59,6 +77,7 @@ class RolloutConfig:
     explore_precision: PrecisionConfig = field(default_factory=lambda: PrecisionConfig(backend="nvfp4-emu"))
     precision: PrecisionConfig = field(default_factory=lambda: PrecisionConfig(backend="bf16"))
     micro_batch: int = 64     # images per model forward while sampling
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)  # explore_precision.backend = "auto"
 
 
 @dataclass
@@ -163,7 +182,26 @@ class RunConfig:
                                   f"--set prompts.{name}=/data/prompts/{name}.txt")
         if self.checkpoint_every < 0 or self.threads < 0:
             raise ConfigError("checkpoint_every and threads must be >= 0")
+        self._validate_precision()
         return self
+
+    def _validate_precision(self) -> None:
+        from solrl.precision import available_backends
+
+        r = self.rollout
+        for name in ("explore_precision", "precision"):
+            backend = getattr(r, name).backend
+            if backend not in available_backends() and not (name == "explore_precision" and backend == "auto"):
+                extra = " or auto (the adaptive proxy, rollout.proxy)" if name == "explore_precision" else ""
+                raise ConfigError(f"rollout.{name}.backend: unknown precision backend {backend!r}; available: "
+                                  f"{available_backends()}{extra}")
+        if r.explore_precision.backend == "auto":
+            from solrl.proxy import check_proxy_config
+
+            try:
+                check_proxy_config(r.proxy, r.steps)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
 
     # ---------------------------------------------------------------- (de)serialisation
     def to_dict(self) -> dict[str, Any]:

@@ -68,6 +68,8 @@ class Session:
     eval_prompts: list[str]      # the first eval.prompts of prompts.eval
     version: int = 0
     _eval_scorer: Any = None     # built on the first evaluation
+    proxy: Any = None            # ProxyController when rollout.explore_precision.backend is "auto"
+    calibrations: list | None = None
 
     @classmethod
     def build(cls, cfg: RunConfig, local_explorer: bool = True) -> "Session":
@@ -91,7 +93,11 @@ class Session:
                               cfg.sampler.guidance)
         trainer = NFTTrainer(model, adapters, cfg.train, cfg.rollout.steps, sampler.shift)
         explorer = None
-        if local_explorer and cfg.rollout.mode in ("sol_rl", "naive_quant"):
+        auto = cfg.rollout.explore_precision.backend == "auto"
+        if auto and not local_explorer:
+            raise ConfigError("rollout.explore_precision.backend=auto: the adaptive proxy runs in the embedded loop "
+                              "(solrl train); the services mode does not support it yet")
+        if local_explorer and cfg.rollout.mode in ("sol_rl", "naive_quant") and not auto:
             explorer = InferenceCopy(adapters, cfg.rollout.explore_precision, spec.quant_skip, spec.quant_min_features)
         try:  # read once; a bad eval set fails now, not after epoch 1
             prompts = load_prompt_set(cfg.prompts.train)
@@ -100,6 +106,73 @@ class Session:
             raise ConfigError(f"prompts: {exc}") from None
         return cls(cfg, model, adapters, trainer, explorer, build_reward(cfg.reward), sampler,
                    PromptCache(model), prompts, prompt_sampler(cfg.prompts.train, prompts), eval_prompts)
+
+    # ---------------------------------------------------------------- the adaptive proxy
+    def setup_proxy(self, run_dir: Path, start: int, log=print) -> dict[str, Any]:
+        """With backend "auto": calibrate (or, on resume, read the calibrations and the controller's state back)
+        and build the explorer of the current candidate. Returns the fields for the epoch-0 record."""
+        from solrl.proxy import ProxyController, calibrate
+
+        r = self.cfg.rollout
+        if r.explore_precision.backend != "auto" or r.mode not in ("sol_rl", "naive_quant"):
+            return {}
+        path = run_dir / "calibration.json"
+        p = r.proxy
+        if start > 0 and path.exists():
+            self.calibrations = [c for c in json.loads(path.read_text()) if c["epoch"] <= start]
+            last = next((rec for rec in read_metrics(run_dir / "metrics.jsonl") if rec.get("epoch") == start), {})
+            cal = self.calibrations[-1]
+            self.proxy = ProxyController(cal["ladder"], last.get("proxy.candidate", cal["chosen"]), p.target,
+                                         p.patience, int(last.get("proxy.below_target_epochs", 0)))
+            log(f"adaptive proxy: resumed on {self.proxy.current} (calibration.json)")
+        else:
+            cal = {"epoch": 0, **calibrate(self, 0)}
+            self.calibrations = [cal]
+            self.proxy = ProxyController(cal["ladder"], cal["chosen"], p.target, p.patience)
+            log(_calibration_line(cal))
+        path.write_text(json.dumps(self.calibrations, indent=1) + "\n")
+        self._build_explorer()
+        return {"proxy.chosen": cal["chosen"], "proxy.met_target": cal["met_target"], **self.proxy.state()}
+
+    def _build_explorer(self) -> None:
+        from solrl.precision.policy import policy_config
+        from solrl.proxy import parse_candidate
+
+        c = parse_candidate(self.proxy.current)
+        self.explorer = InferenceCopy(self.adapters, policy_config(c.backend, c.policy, self.model.spec))
+
+    def explore_steps(self) -> int:
+        r = self.cfg.rollout
+        if r.mode == "naive_quant":
+            return r.steps
+        if self.proxy is not None:
+            from solrl.proxy import parse_candidate
+
+            return parse_candidate(self.proxy.current).steps
+        return r.explore_steps
+
+    def after_epoch(self, done: int, rec: dict[str, Any], run_dir: Path, log=print) -> None:
+        """The proxy's decisions after an epoch: a switch when the kept-seed tau stayed below the target, or a
+        new calibration every `rollout.proxy.every` epochs. Recorded in `rec` (metrics.jsonl)."""
+        if self.proxy is None:
+            return
+        from solrl.proxy import ProxyController, calibrate
+
+        p = self.cfg.rollout.proxy
+        decision = self.proxy.observe(done, rec.get("proxy_kendall_tau", float("nan")))
+        if decision is not None:
+            rec["proxy.switch"] = decision
+            log(f"adaptive proxy, epoch {done}: {decision['from']} -> {decision['to']} ({decision['reason']})")
+            self._build_explorer()
+        if p.every and done % p.every == 0 and done < self.cfg.epochs:
+            cal = {"epoch": done, **calibrate(self, len(self.calibrations))}
+            self.calibrations.append(cal)
+            (run_dir / "calibration.json").write_text(json.dumps(self.calibrations, indent=1) + "\n")
+            self.proxy = ProxyController(cal["ladder"], cal["chosen"], p.target, p.patience)
+            rec["proxy.recalibrated"] = cal["chosen"]
+            log(_calibration_line(cal))
+            self._build_explorer()
+        rec.update(self.proxy.state())
 
     # ---------------------------------------------------------------- one epoch
     def sync(self) -> float:
@@ -125,7 +198,7 @@ class Session:
         ex = None
         if r.mode in ("sol_rl", "naive_quant"):
             on_stage("explore")
-            steps = r.explore_steps if r.mode == "sol_rl" else r.steps
+            steps = self.explore_steps()
             ex = explore(self.model, self.explorer.module, prompts, seeds, steps, self.sampler, self.scorer,
                          r.kept, r.selection, tgen, mb, self.cache)
             rec.update({"explore.reward_mean": float(ex.scores.mean()), "explore.reward_std": float(ex.scores.std()),
@@ -189,6 +262,13 @@ class Session:
                             self.cfg.rollout.micro_batch, self.cache)
 
 
+def _calibration_line(cal: dict[str, Any]) -> str:
+    rows = ", ".join(f"{c['candidate']} tau {c['kendall_tau']:.2f}" for c in cal["candidates"])
+    met = "meets" if cal["met_target"] else "is the best tau; none meets"
+    return (f"adaptive proxy (calibration {cal['index']}, {cal['device']} costs): {rows} -> {cal['chosen']} "
+            f"({met} the target {cal['target']})")
+
+
 def selection_contrast(kept_rewards: np.ndarray, selection: str) -> dict[str, float]:
     """best_worst keeps the k/2 best by the proxy, then the k/2 worst: the BF16 rewards of each half (the
     contrast a bigger pool or a better proxy buys). {} for other selections. kept_rewards: [P, k]."""
@@ -240,11 +320,12 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else None)
     (run_dir / "eval").mkdir(exist_ok=True)
     t_run = time.perf_counter()
+    proxy_fields = sess.setup_proxy(run_dir, start, log)
     if start == 0:
         base_eval, grids = sess.evaluate()
         _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
         writer.write({"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0,
-                      **{f"eval.{k}": v for k, v in summary_metrics(base_eval).items()}})
+                      **{f"eval.{k}": v for k, v in summary_metrics(base_eval).items()}, **proxy_fields})
         log(f"held-out reward before training (EMA = base): {base_eval['mean_reward']:.4f}")
     bar = tqdm(range(start, cfg.epochs), desc=cfg.name, disable=not progress, unit="epoch")
     for e in bar:
@@ -256,6 +337,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
             _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
             rec.update({"eval.mean_reward": ev["mean_reward"],
                         **{f"eval.{k}": v for k, v in summary_metrics(ev).items()}})
+        sess.after_epoch(done, rec, run_dir, log)
         writer.write(rec)
         if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):
             save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version)

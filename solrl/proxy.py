@@ -1,0 +1,212 @@
+"""The adaptive proxy: choose the explorer's precision, explore steps and layer policy by measurement, and
+keep the choice honest during the run.
+
+`calibrate` samples `prompts` x `seeds` (training prompts, fixed seeds) with the trainer's BF16 copy at the
+full rollout steps (the reference) and with every candidate proxy (FORMAT@STEPS[/POLICY]) through the
+explorer's own `explore` call, and measures per prompt the Kendall tau of the proxy's rewards against the
+reference's and the kept-set contrast (the reference reward of the proxy's best k/2 minus its worst k/2:
+what the trainer is given). Each candidate costs `steps` forwards per seed, priced by a device model:
+
+  b200           FP4 1/4 and FP8 1/2 of a BF16 forward for the quantized share of its multiply-accumulates
+  h100 / h200    FP8 1/2; no FP4 (such candidates are left out)
+  cpu            the measured seconds per seed (emulation: FP4 costs more than BF16 here)
+
+The choice is the cheapest candidate whose tau reaches the target; if none does, the one with the highest
+tau (the record says so). Candidates that can run are ordered by cost into a ladder; during the run the
+`ProxyController` watches the loop's per-epoch tau (on the kept seeds) and, after `patience` epochs in a row
+below the target, moves one rung up. Every decision is written to metrics.jsonl and the log; the
+calibration to RUN_DIR/calibration.json, which a resumed run reads back (with the controller's state from
+the last kept metrics record) instead of measuring again, so a resumed run continues the same choices.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+DEVICES = ("b200", "h100", "h200", "cpu")
+_RATES = {"b200": {"fp4": 0.25, "fp8": 0.5}, "h100": {"fp8": 0.5}, "h200": {"fp8": 0.5}}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    backend: str
+    steps: int
+    policy: str = "reference"
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend}@{self.steps}" + (f"/{self.policy}" if self.policy != "reference" else "")
+
+
+def parse_candidate(text: str) -> Candidate:
+    """FORMAT@STEPS or FORMAT@STEPS/POLICY, e.g. nvfp4-emu@6 or fp8-e4m3-emu@4/keep-first-block."""
+    from solrl.precision import available_backends
+    from solrl.precision.policy import POLICIES
+
+    head, _, policy = str(text).partition("/")
+    backend, at, steps = head.partition("@")
+    if not at or not steps.isdigit() or int(steps) < 1:
+        raise ValueError(f"rollout.proxy.candidates: {text!r} is not FORMAT@STEPS[/POLICY] (e.g. nvfp4-emu@6)")
+    if backend not in available_backends():
+        raise ValueError(f"rollout.proxy.candidates: {text!r}: unknown format {backend!r}; available: "
+                         f"{available_backends()}")
+    policy = policy or "reference"
+    if policy not in POLICIES:
+        raise ValueError(f"rollout.proxy.candidates: {text!r}: unknown policy {policy!r}; available: {sorted(POLICIES)}")
+    return Candidate(backend, int(steps), policy)
+
+
+def check_proxy_config(p, full_steps: int) -> list[Candidate]:
+    """Every check that needs no model: runs when the config is validated, before any work."""
+    if not p.candidates:
+        raise ValueError("rollout.proxy.candidates: at least one candidate is needed")
+    cands = [parse_candidate(c) for c in p.candidates]
+    for c in cands:
+        if c.steps > full_steps:
+            raise ValueError(f"rollout.proxy.candidates: {c.name} explores with more steps than the full "
+                             f"rollout (rollout.steps={full_steps})")
+    if not (isinstance(p.target, (int, float)) and 0 < p.target <= 1):
+        raise ValueError(f"rollout.proxy.target must be in (0, 1] (a Kendall tau), got {p.target!r}")
+    if p.device not in DEVICES:
+        raise ValueError(f"rollout.proxy.device must be one of {DEVICES}, got {p.device!r}")
+    if p.prompts < 1 or p.seeds < 4:
+        raise ValueError(f"rollout.proxy.prompts must be >= 1 and rollout.proxy.seeds >= 4, got {p.prompts}, {p.seeds}")
+    if p.patience < 1 or p.every < 0:
+        raise ValueError(f"rollout.proxy.patience must be >= 1 and rollout.proxy.every >= 0, got {p.patience}, "
+                         f"{p.every}")
+    if p.device in ("h100", "h200") and all(_rate(c.backend, p.device) is None for c in cands):
+        raise ValueError(f"rollout.proxy.candidates: none can run on {p.device} (no FP4 on Hopper): add an FP8 or "
+                         f"BF16 candidate")
+    return cands
+
+
+def _rate(backend: str, device: str) -> float | None:
+    """Cost of the quantized part of a forward relative to BF16 on `device`; None: the format has no kernel there."""
+    fmt = "fp4" if "fp4" in backend else "fp8" if "fp8" in backend else None
+    if fmt is None:
+        return 1.0
+    return _RATES[device].get(fmt)
+
+
+def model_cost(c: Candidate, device: str, share: float) -> float | None:
+    """BF16-forward equivalents per explored seed under a GPU device model (None: cannot run there)."""
+    rate = _rate(c.backend, device)
+    return None if rate is None else c.steps * ((1.0 - share) + share * rate)
+
+
+def _tau_and_contrast(cand: np.ndarray, ref: np.ndarray, kept: int) -> tuple[float, float]:
+    from scipy import stats
+
+    taus = [stats.kendalltau(a, b).statistic for a, b in zip(cand, ref) if np.ptp(a) > 0 and np.ptp(b) > 0]
+    h = max(1, min(kept, cand.shape[1]) // 2)
+    contrast = [float(r[np.argsort(-a, kind="stable")[:h]].mean() - r[np.argsort(a, kind="stable")[:h]].mean())
+                for a, r in zip(cand, ref)]
+    return (float(np.mean(taus)) if taus else float("nan")), float(np.mean(contrast))
+
+
+def calibrate(sess, index: int = 0) -> dict[str, Any]:
+    """Measure every candidate of `sess.cfg.rollout.proxy` against BF16 at full steps and choose (module doc).
+    `index` numbers the calibrations of a run (its prompts and seeds differ from one to the next)."""
+    from solrl.adapters import make_inference_copy
+    from solrl.precision import build_backend
+    from solrl.precision.base import layer_macs
+    from solrl.precision.policy import policy_config
+    from solrl.rollout import explore, regenerate
+    from solrl.rollout.workers import InferenceCopy
+
+    cfg, r = sess.cfg, sess.cfg.rollout
+    p = r.proxy
+    cands = check_proxy_config(p, r.steps)
+    model, spec = sess.model, sess.model.spec
+    rng = np.random.default_rng([cfg.seed, 7919, index])
+    prompts = sess.prompt_sampler(rng, p.prompts)
+    seeds = rng.integers(0, 2**31 - 1, size=(len(prompts), p.seeds)).tolist()
+    t0 = time.perf_counter()
+    with sess.adapters.use("old"):
+        rg = regenerate(model, model.transformer, prompts, seeds, r.steps, sess.sampler, sess.scorer, r.micro_batch,
+                        sess.cache)
+    ref = rg.rewards.reshape(len(prompts), p.seeds)
+    ref_s = time.perf_counter() - t0
+    merged = sess.adapters.merged_weights("old")
+    plain = make_inference_copy(sess.adapters, type(sess.adapters.model), sess.adapters.model.config)
+    x = torch.zeros(1, *spec.latent_shape)
+    cond = sess.cache(prompts[:1])
+    macs = layer_macs(plain, lambda: model.velocity(plain, x, torch.tensor([0.5]), cond))
+    total = max(1, sum(macs.values()))
+    rows = []
+    for c in cands:
+        precision = policy_config(c.backend, c.policy, spec)  # the model's own skips included
+        share = sum(macs.get(n, 0) for n in build_backend(precision).selected_layers(plain)) / total
+        copy = InferenceCopy(sess.adapters, precision)
+        copy.sync(merged, sess.version)
+        t0 = time.perf_counter()
+        ex = explore(model, copy.module, prompts, seeds, c.steps, sess.sampler, sess.scorer, min(r.kept, p.seeds),
+                     r.selection, torch.Generator().manual_seed(index), r.micro_batch, sess.cache)
+        seconds = time.perf_counter() - t0
+        tau, contrast = _tau_and_contrast(ex.scores, ref, r.kept)
+        cost = seconds / ref.size if p.device == "cpu" else model_cost(c, p.device, share)
+        rows.append({"candidate": c.name, "backend": c.backend, "steps": c.steps, "policy": c.policy,
+                     "kendall_tau": tau, "kept_contrast": contrast, "quantized_share": round(share, 4),
+                     "cost_per_seed": cost, "seconds": round(seconds, 2), "runs_on_device": cost is not None,
+                     "meets_target": bool(cost is not None and not math.isnan(tau) and tau >= p.target)})
+    chosen, ladder, met = choose(rows)
+    order = {c.name: i for i, c in enumerate(cands)}
+    return {"index": index, "device": p.device, "target": p.target, "prompts": prompts, "seeds_per_prompt": p.seeds,
+            "reference": {"backend": r.precision.backend, "steps": r.steps, "reward_mean": float(ref.mean()),
+                          "seconds": round(ref_s, 2)},
+            "candidates": sorted(rows, key=lambda r_: order[r_["candidate"]]), "ladder": ladder,
+            "chosen": chosen, "met_target": met,
+            "cost_unit": "seconds per seed (measured)" if p.device == "cpu" else "BF16-forward equivalents per seed"}
+
+
+def choose(rows: list[dict[str, Any]]) -> tuple[str, list[str], bool]:
+    """(chosen candidate, ladder, whether it meets the target) from calibration rows (each with `candidate`,
+    `kendall_tau`, `cost_per_seed`, `runs_on_device`, `meets_target`): the cheapest that meets the target,
+    else the highest tau among those that run on the device; the ladder orders those by cost (ties keep
+    the candidates' order)."""
+    runnable = [r for r in rows if r["runs_on_device"]]
+    if not runnable:
+        raise ValueError("rollout.proxy.candidates: none can run on this device")
+    ladder = [r["candidate"] for r in sorted(runnable, key=lambda r: r["cost_per_seed"])]
+    meeting = [r for r in runnable if r["meets_target"]]
+    if meeting:
+        return min(meeting, key=lambda r: r["cost_per_seed"])["candidate"], ladder, True
+    best = max(runnable, key=lambda r: -math.inf if math.isnan(r["kendall_tau"]) else r["kendall_tau"])
+    return best["candidate"], ladder, False
+
+
+@dataclass
+class ProxyController:
+    """Where on the ladder the explorer is, and how many epochs in a row its tau was below the target."""
+
+    ladder: list[str]
+    current: str
+    target: float
+    patience: int
+    below: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def observe(self, epoch: int, tau: float) -> dict[str, Any] | None:
+        """One epoch's kept-seed tau; returns the switch decision when one is made (NaN taus change nothing)."""
+        if tau is None or math.isnan(tau):
+            return None
+        self.below = self.below + 1 if tau < self.target else 0
+        if self.below < self.patience:
+            return None
+        i = self.ladder.index(self.current)
+        if i + 1 >= len(self.ladder):
+            return None  # already the dearest candidate: stay (the count keeps growing, the record shows it)
+        decision = {"epoch": epoch, "from": self.current, "to": self.ladder[i + 1],
+                    "reason": f"kept-seed Kendall tau below {self.target} for {self.below} epochs"}
+        self.current, self.below = self.ladder[i + 1], 0
+        self.history.append(decision)
+        return decision
+
+    def state(self) -> dict[str, Any]:
+        return {"proxy.candidate": self.current, "proxy.below_target_epochs": self.below}
