@@ -210,3 +210,19 @@ class ProxyController:
 
     def state(self) -> dict[str, Any]:
         return {"proxy.candidate": self.current, "proxy.below_target_epochs": self.below}
+
+
+def format_calibration(cal: dict[str, Any]) -> str:
+    """The calibration as a table (what `solrl calibrate` prints)."""
+    lines = [f"{len(cal['prompts'])} prompts x {cal['seeds_per_prompt']} seeds against {cal['reference']['backend']} at "
+             f"{cal['reference']['steps']} steps; target Kendall tau {cal['target']}; costs: {cal['device']} "
+             f"({cal['cost_unit']})",
+             f"  {'candidate':<34}{'tau':>7}{'kept contrast':>15}{'quantized':>11}{'cost/seed':>11}  meets",
+             ]
+    for c in cal["candidates"]:
+        cost = "n/a" if c["cost_per_seed"] is None else f"{c['cost_per_seed']:.3f}"
+        lines.append(f"  {c['candidate']:<34}{c['kendall_tau']:>7.3f}{c['kept_contrast']:>15.3f}"
+                     f"{c['quantized_share']:>11.1%}{cost:>11}  {'yes' if c['meets_target'] else 'no'}")
+    lines.append(f"chosen: {cal['chosen']} ({'the cheapest that meets the target' if cal['met_target'] else 'none meets the target: the best tau'}); "
+                 f"ladder: {' < '.join(cal['ladder'])}")
+    return "\n".join(lines)

@@ -114,3 +114,20 @@ def test_a_switch_rebuilds_the_explorer_one_rung_up(tmp_path) -> None:
     assert sess.explorer.backend.name == "fp32" and sess.explore_steps() == 10
     with pytest.raises(ConfigError, match="embedded loop"):
         Session.build(cfg, local_explorer=False)
+
+
+@pytest.mark.slow
+def test_calibrate_command_on_hopper_costs_leaves_fp4_out(tmp_path, capsys) -> None:
+    from solrl.cli import main
+
+    assert main(["calibrate", "--out", str(tmp_path), "--set", "rollout.proxy.prompts=1", "--set",
+                 "rollout.proxy.seeds=4", "--set", 'rollout.proxy.candidates=["nvfp4-emu@2", "fp8-e4m3-emu@10"]',
+                 "--set", "rollout.proxy.device=h100", "--set", "rollout.proxy.target=0.01"]) == 0
+    out = capsys.readouterr().out
+    cal = json.loads((tmp_path / "calibration.json").read_text())
+    rows = {c["candidate"]: c for c in cal["candidates"]}
+    assert rows["nvfp4-emu@2"]["cost_per_seed"] is None and not rows["nvfp4-emu@2"]["runs_on_device"]
+    assert cal["ladder"] == ["fp8-e4m3-emu@10"] and cal["chosen"] == "fp8-e4m3-emu@10"
+    assert "n/a" in out and "chosen: fp8-e4m3-emu@10" in out
+    assert rows["fp8-e4m3-emu@10"]["cost_per_seed"] == pytest.approx(10 * (1 - rows["fp8-e4m3-emu@10"]["quantized_share"] / 2),
+                                                                    abs=1e-3)  # the share is rounded to 4 places
