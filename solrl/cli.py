@@ -220,11 +220,9 @@ def cmd_reward_score(a: argparse.Namespace) -> int:
         scores = np.asarray(scorer(batch, prompts), dtype=np.float64) if detail is None else detail["total"]
     except (ValueError, TypeError, ImportError) as err:
         raise ConfigError(f"--reward {a.reward}: {err}") from None
-    out = {"reward": getattr(scorer, "name", a.reward), "prompt": a.prompt}
-    if len(images) == 1:
-        out.update(image=a.image[0], score=float(scores[0]))
-    else:
-        out.update(images=list(a.image), scores=[float(x) for x in scores])
+    # the same keys for one image or many: one entry per --image, in order
+    out = {"reward": getattr(scorer, "name", a.reward), "prompt": a.prompt, "images": list(a.image),
+           "scores": [float(x) for x in scores]}
     if detail is not None:
         out["components"] = {k: [float(x) for x in v] for k, v in detail.items() if k != "total"}
         out["weights"] = scorer.weights
@@ -232,30 +230,57 @@ def cmd_reward_score(a: argparse.Namespace) -> int:
     return 0
 
 
+class _Help(argparse.HelpFormatter):
+    """Help that shows each option's default, unless its text already speaks of it or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or action.default in (None, False, [], argparse.SUPPRESS) or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _all_parsers(p: argparse.ArgumentParser):
+    yield p
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in dict.fromkeys(action.choices.values()):
+                yield from _all_parsers(sp)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    p = _build_parser()
+    for sp in _all_parsers(p):
+        sp.formatter_class = _Help
+    return p
+
+
+def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="solrl", description="RL post-training of diffusion models with two-stage rollouts")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="run the embedded two-stage loop")
     t.add_argument("--preset", default=None, help=f"one of {sorted(PRESETS)} (default shapes-sol-rl)")
     t.add_argument("--config", default=None, help="a JSON run config (instead of a preset)")
-    t.add_argument("--epochs", type=int, default=None)
+    t.add_argument("--epochs", type=int, default=None, help="epochs to train (default: the preset's)")
     t.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
     t.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last checkpoint")
     t.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. rollout.pool=48")
-    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.set_defaults(fn=cmd_train)
 
     e = sub.add_parser("eval", help="held-out exact-reward evaluation")
-    e.add_argument("--preset", default="shapes")
+    e.add_argument("--preset", default="shapes", help="with --checkpoint base: the preset whose model and "
+                                                          "evaluation settings to use")
     e.add_argument("--checkpoint", default="base", help="'base' or a run directory (its EMA adapter)")
     e.add_argument("--epoch", type=int, default=None,
                    help="with a run directory: the checkpoint after this epoch (default: the latest; 0: before training)")
-    e.add_argument("--out", required=True)
+    e.add_argument("--out", required=True, help="directory for eval.json and the grids")
     e.add_argument("--steps", type=_steps, default=None, help="comma-separated step counts, e.g. 10,40")
-    e.add_argument("--prompts", type=int, default=None)
-    e.add_argument("--seeds-per-prompt", type=int, default=None)
-    e.add_argument("--set", action="append", metavar="KEY=VALUE")
+    e.add_argument("--prompts", type=int, default=None, help="held-out prompts (default: the config's eval.prompts)")
+    e.add_argument("--seeds-per-prompt", type=int, default=None,
+                   help="seeds per prompt (default: the config's eval.seeds_per_prompt)")
+    e.add_argument("--set", action="append", metavar="KEY=VALUE", help="override, e.g. eval.reward=shapes_dense")
     e.set_defaults(fn=cmd_eval)
 
     c = sub.add_parser("calibrate", help="measure candidate explorer proxies against BF16 at full steps and choose "
@@ -272,20 +297,21 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("shapes", help="the shapes world")
     ssub = s.add_subparsers(dest="shapes_cmd", required=True)
     sp = ssub.add_parser("pretrain", help="train the bundled shapes model from a fixed seed")
-    sp.add_argument("--out", required=True)
+    sp.add_argument("--out", required=True, help="directory for the weights, eval.jsonl and the card")
     sp.add_argument("--steps", type=int, default=1200, help="length of the learning-rate schedule")
     sp.add_argument("--stop-at", type=int, default=0,
                     help="end after this step, saving it, while lr follows the --steps schedule (a checkpoint "
                          "chosen from a longer run, reproduced without running the rest)")
-    sp.add_argument("--batch-size", type=int, default=64)
-    sp.add_argument("--seed", type=int, default=0)
-    sp.add_argument("--threads", type=int, default=0)
+    sp.add_argument("--batch-size", type=int, default=64, help="images per optimizer step")
+    sp.add_argument("--seed", type=int, default=0, help="seed of the weights, data and noise")
+    sp.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     sp.add_argument("--init-from", default=None, help="continue from saved weights (second phase)")
-    sp.add_argument("--lr", type=float, default=None)
-    sp.add_argument("--warmup", type=int, default=None)
+    sp.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the pretraining config's)")
+    sp.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: the pretraining config's)")
     sp.add_argument("--min-lr-ratio", type=float, default=None, help="cosine floor as a share of --lr")
     sp.add_argument("--ema-decay", type=float, default=0.0, help="save an EMA of the weights (e.g. 0.999)")
-    sp.add_argument("--t-sampling", choices=["uniform", "logit_normal"], default="uniform")
+    sp.add_argument("--t-sampling", choices=["uniform", "logit_normal"], default="uniform",
+                    help="how training timesteps are drawn")
     sp.add_argument("--denoiser", choices=["pixart", "sana", "unet"], default="unet",
                     help="denoiser family of a fresh model: diffusers UNet (the bundled model's), PixArt or SANA "
                          "transformer")
@@ -298,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "OUT/eval.jsonl")
     sp.add_argument("--device", default="cpu", help="train on this torch device, e.g. cuda (data and noise are "
                                                     "drawn on the CPU either way; tracking samples on the CPU)")
-    sp.add_argument("--no-progress", action="store_true")
+    sp.add_argument("--no-progress", action="store_true", help="no progress bar")
     sp.set_defaults(fn=cmd_pretrain)
 
     from solrl.bench import BENCHES
@@ -307,9 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="\n".join(f"{k}: {v}" for k, v in BENCHES.items()),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("name", choices=sorted(BENCHES))
-    b.add_argument("--out", required=True)
+    b.add_argument("--out", required=True, help="directory for NAME.json, NAME.md and plots")
     b.add_argument("--small", action="store_true", help="tiny settings (seconds; what the tests run)")
-    b.add_argument("--threads", type=int, default=0)
+    b.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default; curve: per run)")
     b.add_argument("--seed", type=int, default=None, help="seed of the sampled seeds / training runs (default 0)")
     b.add_argument("--prompts", type=int, default=None, help="ranking: held-out prompts; rollout / ablate: prompts per epoch")
     b.add_argument("--seeds", type=int, default=None, help="ranking: seeds per prompt")
@@ -327,19 +353,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="run one service role (what containers run)")
     roles = sv.add_subparsers(dest="role", required=True)
-    roles.add_parser("reward", help="reward service: solrl.reward.v1 + KServe v2 / Triton gRPC")
+    roles.add_parser("reward", help="reward service: solrl.reward.v1 + KServe v2 / Triton gRPC", add_help=False)
     for role, text in (("explorer", "low-precision explorer: Explore + KServe v2 'explore' model, adapter hot reload"),
                        ("regenerator", "BF16 regenerator: Regenerate, adapter hot reload"),
                        ("trainer", "trainer: drives explorers/regenerators through Redis, pushes adapters")):
-        roles.add_parser(role, help=text)
+        roles.add_parser(role, help=text, add_help=False)
     for role in ("reward", "explorer", "regenerator", "trainer"):
-        rp = roles.choices[role]
-        try:  # the service shells need the generated stubs (`make protos`); the core CLI does not
-            module = importlib.import_module(f"services.{role}.server")
-            module.add_arguments(rp)
-            rp.set_defaults(fn=lambda a, module=module: _serve(module, a))
-        except ImportError as err:
-            rp.set_defaults(fn=lambda a, err=err: _missing_services(err))
+        # the role's own options are parsed when the role runs: importing a service (grpc, torch, its stubs)
+        # only to build this parser would make every `solrl` command slow
+        roles.choices[role].set_defaults(fn=lambda a, role=role: _serve(role, a.service_args), takes_extra=True)
 
     up = sub.add_parser("up", help="start every role as a local process against a Redis URL (Ctrl-C stops all)")
     try:
@@ -352,10 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     rw = sub.add_parser("reward", help="score images with a reward")
     rsub = rw.add_subparsers(dest="reward_cmd", required=True)
-    rs = rsub.add_parser("score", help="score PNG(s) against a prompt; prints JSON with the score")
+    rs = rsub.add_parser("score", help="score PNG(s) against a prompt; prints JSON: reward, prompt, images, scores")
     rs.add_argument("--reward", required=True, help="a reward name (solrl rewards list) or 'pickscore:1.0+ocr:0.5'")
     rs.add_argument("--image", required=True, action="append", help="a PNG (repeat for several)")
-    rs.add_argument("--prompt", required=True)
+    rs.add_argument("--prompt", required=True, help="the prompt the images were drawn for")
     rs.set_defaults(fn=cmd_reward_score)
 
     for what in ("presets", "models", "rewards"):
@@ -372,10 +394,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _serve(module, args: argparse.Namespace) -> int:
-    """`solrl serve <role>`: the container entry point, with the services' logging set up first."""
-    from services.common.logs import configure_logging
-
+def _serve(role: str, argv: list[str]) -> int:
+    """`solrl serve <role> [options]`: the container entry point. The role's module (and its options) load
+    here; the services' logging is set up first."""
+    try:  # the service shells need the generated stubs (`make protos`); the core CLI does not
+        module = importlib.import_module(f"services.{role}.server")
+        from services.common.logs import configure_logging
+    except ImportError as err:
+        return _missing_services(err)
+    parser = argparse.ArgumentParser(prog=f"solrl serve {role}", formatter_class=_Help)
+    module.add_arguments(parser)
+    args = parser.parse_args(argv)
     try:
         configure_logging()
     except ValueError as err:
@@ -384,7 +413,12 @@ def _serve(module, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "takes_extra", False):
+        args.service_args = extra  # `solrl serve ROLE ...`: the role's own parser reads them
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.fn(args)
     except (ConfigError, FileNotFoundError) as err:

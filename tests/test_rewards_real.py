@@ -488,12 +488,12 @@ def test_cli_reward_score_prints_json(tmp_path, capsys) -> None:
     Image.fromarray(render("OPEN")).save(png)
     assert main(["reward", "score", "--reward", "ocr", "--image", str(png), "--prompt", 'a sign that says "OPEN"']) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["reward"] == "ocr" and out["score"] == pytest.approx(1.0) and out["image"] == str(png)
+    assert out["reward"] == "ocr" and out["scores"] == [pytest.approx(1.0)] and out["images"] == [str(png)]
 
     assert main(["reward", "score", "--reward", "ocr:1+jpeg_compressibility:0", "--image", str(png), "--image",
                  str(png), "--prompt", '"CLOSED"']) == 0
     out = json.loads(capsys.readouterr().out)
-    assert len(out["scores"]) == 2 and out["scores"][0] < 0.5
+    assert len(out["scores"]) == 2 and out["scores"][0] < 0.5 and out["images"] == [str(png)] * 2  # same keys
     assert out["components"]["ocr"] == out["scores"] and out["weights"] == {"ocr": 1.0, "jpeg_compressibility": 0.0}
 
     assert main(["reward", "score", "--reward", "ocr", "--image", str(png), "--prompt", "no quotes"]) == 2

@@ -124,7 +124,8 @@ def add_model_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], 
     p.add_argument("--trainer-url", default=environ.get(ENV_TRAINER_URL, ""),
                    help=f"the trainer's ops URL (env {ENV_TRAINER_URL}, e.g. http://trainer:8093): fetch the current "
                         "adapter from it at start and whenever a job needs a newer one than was pushed here")
-    p.add_argument("--max-adapter-bytes", type=int, default=DEFAULT_MAX_ADAPTER_BYTES)
+    p.add_argument("--max-adapter-bytes", type=int, default=DEFAULT_MAX_ADAPTER_BYTES,
+                   help="largest LoadAdapter payload accepted (bytes)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--host", default=addr.host, help="bind address (env SOLRL_BIND_HOST)")
     p.add_argument("--grpc-port", type=int, default=addr.grpc_port, help="gRPC port, 0 = any (env SOLRL_GRPC_PORT)")

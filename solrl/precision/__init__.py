@@ -3,59 +3,35 @@
 `build_backend(PrecisionConfig(backend=...))` returns one of the registered backends
 (`available_backends()`); each prepares a model in place, re-quantizes it after an adapter
 merge and reports its resident weight bytes.
+
+The names below are imported on first use (PEP 562), so `PrecisionConfig` and the run config load
+without torch: `solrl --help` and config validation stay fast.
 """
 
-from solrl.precision.base import (
-    BACKENDS,
-    PrecisionBackend,
-    PrecisionConfig,
-    QuantLinear,
-    available_backends,
-    build_backend,
-    register_backend,
-)
-from solrl.precision.emulated import (
-    EmuQuantLinear,
-    MXFP4EmuBackend,
-    MXFP4EmuLinear,
-    NVFP4EmuBackend,
-    NVFP4EmuLinear,
-)
-from solrl.precision.emulated_te import (
-    FP8E4M3EmuBackend,
-    FP8E5M2EmuBackend,
-    FP8EmuLinear,
-    NVFP4TEEmuBackend,
-    NVFP4TEEmuLinear,
-)
-from solrl.precision.reference import Bf16Backend, Fp32Backend
-from solrl.precision.transformer_engine import (
-    FP8TEBackend,
-    NVFP4TEBackend,
-    TransformerEngineBackend,
-)
+from __future__ import annotations
 
-__all__ = [
-    "BACKENDS",
-    "Bf16Backend",
-    "EmuQuantLinear",
-    "FP8E4M3EmuBackend",
-    "FP8E5M2EmuBackend",
-    "FP8EmuLinear",
-    "FP8TEBackend",
-    "Fp32Backend",
-    "MXFP4EmuBackend",
-    "MXFP4EmuLinear",
-    "NVFP4EmuBackend",
-    "NVFP4EmuLinear",
-    "NVFP4TEEmuBackend",
-    "NVFP4TEEmuLinear",
-    "NVFP4TEBackend",
-    "PrecisionBackend",
-    "PrecisionConfig",
-    "QuantLinear",
-    "TransformerEngineBackend",
-    "available_backends",
-    "build_backend",
-    "register_backend",
-]
+import importlib
+from typing import Any
+
+from solrl.precision.config import PrecisionConfig
+
+_WHERE = {
+    "BACKENDS": "base", "PrecisionBackend": "base", "QuantLinear": "base", "available_backends": "base",
+    "build_backend": "base", "register_backend": "base",
+    "EmuQuantLinear": "emulated", "MXFP4EmuBackend": "emulated", "MXFP4EmuLinear": "emulated",
+    "NVFP4EmuBackend": "emulated", "NVFP4EmuLinear": "emulated",
+    "FP8E4M3EmuBackend": "emulated_te", "FP8E5M2EmuBackend": "emulated_te", "FP8EmuLinear": "emulated_te",
+    "NVFP4TEEmuBackend": "emulated_te", "NVFP4TEEmuLinear": "emulated_te",
+    "Bf16Backend": "reference", "Fp32Backend": "reference",
+    "FP8TEBackend": "transformer_engine", "NVFP4TEBackend": "transformer_engine",
+    "TransformerEngineBackend": "transformer_engine",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'solrl.precision' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"solrl.precision.{_WHERE[name]}"), name)
+
+
+__all__ = ["PrecisionConfig", *_WHERE]

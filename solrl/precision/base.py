@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import partial
 from typing import ClassVar
 
@@ -13,49 +12,7 @@ import torch
 from torch import nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-
-@dataclass
-class PrecisionConfig:
-    """Which backend to build and which nn.Linear layers it may quantize.
-
-    The per-layer policy: `skip` holds fnmatch patterns matched against each Linear's full module
-    name (e.g. "*proj_out*", "caption_projection.*"; each must match a Linear of the model);
-    `min_features` skips any Linear whose larger dimension max(in, out) is below it (the reference's
-    size threshold); `keep_first_blocks` / `keep_last_blocks` keep every Linear of the denoiser's first
-    / last N blocks (`denoiser_blocks`) in high precision. `quantize_activations` picks W4A4 (True) or
-    weight-only quantization (False). `model_skip` holds the model's own patterns (set by
-    `with_model_skips` from the model spec; not checked for matches, since one list serves a family).
-    """
-
-    backend: str = "bf16"
-    skip: tuple[str, ...] = ()
-    min_features: int = 0
-    quantize_activations: bool = True
-    keep_first_blocks: int = 0
-    keep_last_blocks: int = 0
-    model_skip: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.backend, str):
-            raise TypeError(f"backend must be a str, got {type(self.backend).__name__}")
-        if isinstance(self.skip, str) or not isinstance(self.skip, (tuple, list)):
-            raise TypeError(f"skip must be a tuple of str patterns, got {self.skip!r}")
-        if not all(isinstance(p, str) for p in self.skip):
-            raise TypeError(f"skip must hold only str patterns, got {self.skip!r}")
-        self.skip = tuple(self.skip)
-        if isinstance(self.model_skip, str) or not all(isinstance(p, str) for p in self.model_skip):
-            raise TypeError(f"model_skip must be a tuple of str patterns, got {self.model_skip!r}")
-        self.model_skip = tuple(self.model_skip)
-        for name in ("min_features", "keep_first_blocks", "keep_last_blocks"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {value!r}")
-            if value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
-        if not isinstance(self.quantize_activations, bool):
-            raise TypeError(
-                f"quantize_activations must be a bool, got {self.quantize_activations!r}"
-            )
+from solrl.precision.config import PrecisionConfig
 
 
 class QuantLinear(nn.Module):
@@ -97,8 +54,17 @@ def register_backend(cls: type[PrecisionBackend]) -> type[PrecisionBackend]:
     return cls
 
 
+def _load_backends() -> None:
+    """Import the modules that register the built-in backends (the package imports them lazily)."""
+    import solrl.precision.emulated  # noqa: F401
+    import solrl.precision.emulated_te  # noqa: F401
+    import solrl.precision.reference  # noqa: F401
+    import solrl.precision.transformer_engine  # noqa: F401
+
+
 def available_backends() -> list[str]:
     """Names of the registered backends, sorted."""
+    _load_backends()
     return sorted(BACKENDS)
 
 
@@ -106,6 +72,7 @@ def build_backend(cfg: PrecisionConfig) -> PrecisionBackend:
     """Instantiate the backend that `cfg.backend` names."""
     if not isinstance(cfg, PrecisionConfig):
         raise TypeError(f"cfg must be a PrecisionConfig, got {type(cfg).__name__}")
+    _load_backends()
     if cfg.backend not in BACKENDS:
         raise ValueError(
             f"unknown precision backend {cfg.backend!r}; available: {available_backends()}"

@@ -1,0 +1,49 @@
+"""`PrecisionConfig`: which backend and which layers, importable without torch (the config and the CLI use it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class PrecisionConfig:
+    """Which backend to build and which nn.Linear layers it may quantize.
+
+    The per-layer policy: `skip` holds fnmatch patterns matched against each Linear's full module
+    name (e.g. "*proj_out*", "caption_projection.*"; each must match a Linear of the model);
+    `min_features` skips any Linear whose larger dimension max(in, out) is below it (the reference's
+    size threshold); `keep_first_blocks` / `keep_last_blocks` keep every Linear of the denoiser's first
+    / last N blocks (`denoiser_blocks`) in high precision. `quantize_activations` picks W4A4 (True) or
+    weight-only quantization (False). `model_skip` holds the model's own patterns (set by
+    `with_model_skips` from the model spec; not checked for matches, since one list serves a family).
+    """
+
+    backend: str = "bf16"
+    skip: tuple[str, ...] = ()
+    min_features: int = 0
+    quantize_activations: bool = True
+    keep_first_blocks: int = 0
+    keep_last_blocks: int = 0
+    model_skip: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.backend, str):
+            raise TypeError(f"backend must be a str, got {type(self.backend).__name__}")
+        if isinstance(self.skip, str) or not isinstance(self.skip, (tuple, list)):
+            raise TypeError(f"skip must be a tuple of str patterns, got {self.skip!r}")
+        if not all(isinstance(p, str) for p in self.skip):
+            raise TypeError(f"skip must hold only str patterns, got {self.skip!r}")
+        self.skip = tuple(self.skip)
+        if isinstance(self.model_skip, str) or not all(isinstance(p, str) for p in self.model_skip):
+            raise TypeError(f"model_skip must be a tuple of str patterns, got {self.model_skip!r}")
+        self.model_skip = tuple(self.model_skip)
+        for name in ("min_features", "keep_first_blocks", "keep_last_blocks"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if not isinstance(self.quantize_activations, bool):
+            raise TypeError(
+                f"quantize_activations must be a bool, got {self.quantize_activations!r}"
+            )
