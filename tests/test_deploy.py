@@ -187,15 +187,16 @@ def test_b200_compose_gives_each_gpu_to_one_service():
 
 # ------------------------------------------------------------------ kubernetes
 
-OVERLAYS = ["cpu-demo", "b200"]
+OVERLAYS = ["cpu-demo", "b200", "hopper"]
 
 
 @pytest.fixture()
 def k8s_tree(tmp_path):
-    """A copy of k8s/ with the b200 overlay's git-ignored token file present, as a user has it."""
+    """A copy of k8s/ with the GPU overlays' git-ignored token files present, as a user has them."""
     tree = tmp_path / "k8s"
     shutil.copytree(ROOT / "k8s", tree)
-    (tree / "overlays" / "b200" / "adapter-token.txt").write_text("test-token\n")
+    for overlay in ("b200", "hopper"):
+        (tree / "overlays" / overlay / "adapter-token.txt").write_text("test-token\n")
     return tree
 
 
@@ -261,8 +262,11 @@ def test_k8s_ports_env_probes_and_security(k8s_tree, overlay):
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert c["securityContext"]["readOnlyRootFilesystem"] is True
         assert c["resources"]["requests"] and c["resources"]["limits"]
-        if overlay == "b200":
+        if overlay in ("b200", "hopper"):
             assert c["resources"]["limits"]["nvidia.com/gpu"] == 1 and c["image"].endswith(":gpu")
+        if overlay == "hopper":  # every GPU pod on a Hopper node
+            (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            assert term["matchExpressions"] == [{"key": "nvidia.com/gpu.family", "operator": "In", "values": ["hopper"]}]
         if ENV_ADAPTER_TOKEN in env:
             assert env[ENV_ADAPTER_TOKEN] == "<secret>"  # from the Secret, never a literal
         svc = by_kind[("Service", role)]
@@ -276,6 +280,19 @@ def test_k8s_ports_env_probes_and_security(k8s_tree, overlay):
     redis = by_kind[("StatefulSet", "redis")]
     assert "--appendonly" in containers(redis)[0]["args"] and redis["spec"]["volumeClaimTemplates"]
     assert {n for k, n in by_kind if k == "PodDisruptionBudget"} >= {"explorer", "regenerator", "reward"}
+
+
+@pytest.mark.parametrize("overlay, backend", [("b200", "nvfp4"), ("hopper", "fp8")])
+def test_gpu_overlays_explore_with_their_generation_s_format(k8s_tree, overlay, backend):
+    """The run env the explorers read sets the Transformer Engine format the GPU generation has, and the run
+    config it yields validates (the same resolution the services do)."""
+    from solrl.config import RunConfig, apply_overrides
+
+    (env,) = [d["data"] for d in kustomize(k8s_tree, overlay)
+              if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("solrl-run-env")]
+    assert env["SOLRL_SET"] == f"rollout.explore_precision.backend={backend}"
+    cfg = apply_overrides(RunConfig.load(ROOT / "k8s" / "base" / "run.json"), [env["SOLRL_SET"]]).validate()
+    assert cfg.rollout.explore_precision.backend == backend
 
 
 def test_run_config_in_the_configmap_loads():
