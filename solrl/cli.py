@@ -164,13 +164,17 @@ def cmd_list(a: argparse.Namespace) -> int:
             print(n)
     elif a.what == "models" and a.action == "quantized":
         from solrl.models import load_model
-        from solrl.precision.policy import POLICIES, format_report, share_report
+        from solrl.models.architectures import ARCHITECTURES
+        from solrl.precision.policy import POLICIES, architecture_share_report, format_report, share_report
 
-        names = a.model or ["shapes"]
+        names = a.model or ["shapes", *ARCHITECTURES]
         for name in names:
             try:
-                model = load_model(name, a.path)
-                print(format_report(share_report(model, a.backend, tuple(a.policy or POLICIES))))
+                policies = tuple(a.policy or POLICIES)
+                if name in ARCHITECTURES and a.path is None:  # counted on the meta device: no weights needed
+                    print(format_report(architecture_share_report(name, a.backend, policies)))
+                else:
+                    print(format_report(share_report(load_model(name, a.path), a.backend, policies)))
             except (FileNotFoundError, ValueError) as exc:
                 raise ConfigError(f"models quantized: {exc}") from None
     elif a.what == "models":
@@ -386,7 +390,9 @@ def _build_parser() -> argparse.ArgumentParser:
         lp.add_argument("action", nargs="?", default="list", choices=["list", "quantized"] if what == "models"
                         else ["list"])
         if what == "models":
-            lp.add_argument("--model", action="append", help="quantized: a registered model (repeat; default shapes)")
+            lp.add_argument("--model", action="append",
+                            help="quantized: a registered model (repeat; default: shapes and the three real models, "
+                                 "whose architectures are counted without weights)")
             lp.add_argument("--path", default=None, help="quantized: the model's local weights directory")
             lp.add_argument("--backend", default="nvfp4-emu", help="quantized: the explorer backend (default nvfp4-emu)")
             lp.add_argument("--policy", action="append", help="quantized: a policy (repeat; default all)")

@@ -74,3 +74,24 @@ def test_share_report_matches_the_measured_share(shapes, capsys) -> None:
                  "--policy", "keep-last-block"]) == 0
     out = capsys.readouterr().out
     assert "backend fp8-e4m3-emu" in out and "keep-last-block" in out and "keep-first-block " not in out
+
+
+def test_real_architectures_on_the_meta_device() -> None:
+    """The published configs build the published sizes (no weights: meta device), and the report says what
+    the reference's rule leaves in high precision: SANA's Mix-FFN convolutions and its self-attention q/k/v
+    (about three quarters of its forward), almost nothing of SD3.5-Large and FLUX.1-dev."""
+    from solrl.models.architectures import meta_denoiser
+    from solrl.precision.policy import architecture_share_report
+
+    sizes = {"sana1.5-1.6b": (1.60e9, 20), "sd3.5-large": (8.06e9, 38), "flux1-dev": (11.9e9, 57)}
+    for name, (params, blocks) in sizes.items():
+        module, _ = meta_denoiser(name)
+        assert sum(p.numel() for p in module.parameters()) == pytest.approx(params, rel=0.01)
+        assert len(denoiser_blocks(module)) == blocks
+    sana = {p["policy"]: p for p in architecture_share_report("sana1.5-1.6b", "nvfp4-emu")["policies"]}
+    assert 0.45 < sana["reference"]["linear_share"] < 0.6 and 0.2 < sana["reference"]["all_share"] < 0.3
+    assert sana["keep-first-and-last"]["all_share"] < sana["keep-first-block"]["all_share"] < sana["reference"]["all_share"]
+    sd = architecture_share_report("sd3.5-large", "fp8-e4m3-emu", ("reference",))
+    assert sd["policies"][0]["all_share"] > 0.99 and sd["resolution"] == 1024
+    with pytest.raises(ValueError, match="no architecture"):
+        meta_denoiser("sd1.5")

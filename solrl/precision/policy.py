@@ -9,6 +9,7 @@ from the model spec) and adds to it, except `no-threshold`, which drops the thre
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -44,24 +45,44 @@ def share_report(model, backend: str = "nvfp4-emu", policies: tuple[str, ...] = 
     spec = model.spec
     x = torch.zeros(1, *spec.latent_shape)
     cond = model.encode(["a red circle"]) if spec.name == "shapes" else model.encode_uncond(1)
-    macs = layer_macs(model.transformer,
-                      lambda: model.velocity(model.transformer, x, torch.tensor([0.5]), cond))
-    linear = {n: v for n, v in macs.items() if isinstance(model.transformer.get_submodule(n), torch.nn.Linear)}
+    return module_share_report(spec.name, model.transformer,
+                               lambda: model.velocity(model.transformer, x, torch.tensor([0.5]), cond),
+                               spec, backend, policies)
+
+
+def architecture_share_report(name: str, backend: str = "nvfp4-emu",
+                              policies: tuple[str, ...] = tuple(POLICIES)) -> dict[str, Any]:
+    """share_report for a real model from its architecture alone (meta device: no weights needed)."""
+    from solrl.models.architectures import meta_denoiser
+    from solrl.models.diffusers_t2i import FAMILIES
+
+    module, run = meta_denoiser(name)
+    fam = FAMILIES[name]
+    spec = SimpleNamespace(quant_skip=fam.quant_skip, quant_min_features=fam.quant_min_features)
+    r = module_share_report(name, module, run, spec, backend, policies)
+    r["resolution"] = fam.resolution
+    return r
+
+
+def module_share_report(name: str, module, run, spec, backend: str, policies: tuple[str, ...]) -> dict[str, Any]:
+    macs = layer_macs(module, run)
+    linear = {n: v for n, v in macs.items() if isinstance(module.get_submodule(n), torch.nn.Linear)}
     rows = []
     for policy in policies:
         cfg = policy_config(backend, policy, spec)
-        selected = [n for n in build_backend(cfg).selected_layers(model.transformer) if n in macs]
+        selected = [n for n in build_backend(cfg).selected_layers(module) if n in macs]
         q = sum(macs[n] for n in selected)
         rows.append({"policy": policy, "layers": len(selected), "linear_layers": len(linear),
                      "linear_share": q / max(1, sum(linear.values())), "all_share": q / max(1, sum(macs.values())),
                      "settings": POLICIES[policy]})
-    return {"model": spec.name, "backend": backend, "blocks": len(denoiser_blocks(model.transformer)),
+    return {"model": name, "backend": backend, "blocks": len(denoiser_blocks(module)),
             "linear_macs": sum(linear.values()), "all_macs": sum(macs.values()), "policies": rows}
 
 
 def format_report(r: dict[str, Any]) -> str:
-    lines = [f"{r['model']} ({r['blocks']} blocks; one forward: {r['linear_macs'] / 1e6:.1f}M Linear MACs of "
-             f"{r['all_macs'] / 1e6:.1f}M Linear + Conv2d), backend {r['backend']}:",
+    at = f" at {r['resolution']} px" if "resolution" in r else ""
+    lines = [f"{r['model']} ({r['blocks']} blocks; one forward{at}: {r['linear_macs'] / 1e9:.3g} G Linear MACs of "
+             f"{r['all_macs'] / 1e9:.3g} G Linear + Conv2d), backend {r['backend']}:",
              f"  {'policy':<22}{'layers':>12}{'Linear MACs quantized':>24}{'all MACs quantized':>21}"]
     for p in r["policies"]:
         lines.append(f"  {p['policy']:<22}{p['layers']:>5} of {p['linear_layers']:<5}{p['linear_share']:>23.2%}"
