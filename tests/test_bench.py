@@ -214,3 +214,18 @@ def test_curve_runs_in_parallel_and_reuses_finished_runs(tmp_path):
     same = lambda run: [{k: v for k, v in p.items() if k != "wall_s"} for p in run["points"]]  # noqa: E731
     assert same(here) == same(par["modes"]["sol_rl"]["runs"][1])
     assert metrics.stat().st_mtime_ns != stamp and same(again) != same(here)
+
+
+@pytest.mark.slow
+def test_sensitivity_small(tmp_path):
+    r = run_bench("sensitivity", tmp_path, small=True)
+    rows = {(row["group"], row["name"]): row for row in r["rows"]}
+    whole = rows[("all", "all")]
+    assert whole["pixel_error"] > 0 and 0.2 < whole["mac_share"] < 0.3  # the UNet's Linear layers: 26% of the work
+    blocks = [row for row in r["rows"] if row["group"] == "block"]
+    kinds = [row for row in r["rows"] if row["group"] == "kind"]
+    # every selected layer belongs to exactly one block or the mid block, and to exactly one kind
+    assert sum(b["layers"] for b in blocks) == whole["layers"] == sum(k["layers"] for k in kinds)
+    assert sum(b["mac_share"] for b in blocks) == pytest.approx(whole["mac_share"])
+    assert all(row["pixel_error"] > 0 for row in r["rows"])  # each part alone moves the images
+    assert "| all (all) | " in (tmp_path / "sensitivity.md").read_text()
