@@ -228,4 +228,6 @@ def test_sensitivity_small(tmp_path):
     assert sum(b["layers"] for b in blocks) == whole["layers"] == sum(k["layers"] for k in kinds)
     assert sum(b["mac_share"] for b in blocks) == pytest.approx(whole["mac_share"])
     assert all(row["pixel_error"] > 0 for row in r["rows"])  # each part alone moves the images
+    for k in kinds:  # "all but" a kind quantizes the rest
+        assert rows[("all but", f"all but {k['name']}")]["layers"] == whole["layers"] - k["layers"]
     assert "| all (all) | " in (tmp_path / "sensitivity.md").read_text()

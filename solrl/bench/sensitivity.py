@@ -1,8 +1,8 @@
 """Where the explorer's low-precision error comes from: image error per layer group and per block.
 
 On P held-out prompts x N seeds, the reference is the BF16 model at the explore steps; each row quantizes
-only one part of the layers the backend would quantize (one block, or one kind of layer in every block)
-and samples the same seeds. Reported per row: the mean absolute pixel error against the reference (0-255
+only one part of the layers the backend would quantize (one block, or one kind of layer in every block),
+or all of them but one kind (what keeping that kind in BF16 would give), and samples the same seeds. Reported per row: the mean absolute pixel error against the reference (0-255
 scale), its share of the forward's multiply-accumulates, the error per percent of quantized work, and the
 share of images whose exact reward changes. "all" quantizes every selected layer (what the explorer does).
 """
@@ -46,6 +46,8 @@ def _groups(selected: list[str], module: torch.nn.Module) -> list[tuple[str, str
             for k, pats in KINDS.items()]
     covered = {n for kind, _, names in out[1:] if kind == "kind" for n in names}
     out.append(("kind", "other", [n for n in selected if n not in covered]))
+    kinds = [g for g in out if g[0] == "kind" and g[2]]
+    out += [("all but", f"all but {name}", [n for n in selected if n not in set(names)]) for _, name, names in kinds]
     return [g for g in out if g[2]]
 
 

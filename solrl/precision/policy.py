@@ -3,7 +3,8 @@
 A policy is the part of a `PrecisionConfig` that says which Linear layers stay in high precision: skip
 patterns, the size threshold and the first / last blocks kept. `POLICIES` names the ones the precision
 studies compare; every policy starts from the model's own skip list and threshold (the reference's rule,
-from the model spec) and adds to it, except `no-threshold`, which drops the threshold.
+from the model spec) and adds to it, except `no-threshold`, which drops the threshold. `extra_skip` patterns
+name layer kinds and need not match in every model.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ POLICIES: dict[str, dict[str, Any]] = {
     "keep-last-block": {"keep_last_blocks": 1},
     "keep-first-and-last": {"keep_first_blocks": 1, "keep_last_blocks": 1},
     "no-threshold": {"min_features": 0},
+    # the attention blocks' input / output projections: on the bundled UNet 2.6% of the forward's work and most
+    # of the NVFP4 explorer's image error (benchmarks/results/sensitivity.md)
+    "keep-projections": {"extra_skip": ("*proj_in", "*proj_out")},
 }
 
 
@@ -36,7 +40,9 @@ def policy_config(backend: str, policy: str, spec) -> PrecisionConfig:
     if policy not in POLICIES:
         raise ValueError(f"unknown precision policy {policy!r}; available: {sorted(POLICIES)}")
     cfg = with_model_skips(PrecisionConfig(backend=backend), spec.quant_skip, spec.quant_min_features)
-    return dataclasses.replace(cfg, **POLICIES[policy])
+    settings = dict(POLICIES[policy])
+    extra = tuple(settings.pop("extra_skip", ()))  # patterns of layer kinds: not every model has them
+    return dataclasses.replace(cfg, model_skip=cfg.model_skip + extra, **settings)
 
 
 def share_report(model, backend: str = "nvfp4-emu", policies: tuple[str, ...] = tuple(POLICIES)) -> dict[str, Any]:
