@@ -156,12 +156,24 @@ def calibrate(sess, index: int = 0) -> dict[str, Any]:
                      "cost_per_seed": cost, "seconds": round(seconds, 2), "runs_on_device": cost is not None,
                      "meets_target": bool(cost is not None and not math.isnan(tau) and tau >= p.target)})
     chosen, ladder, met = choose(rows)
+    by_device = {}  # the same measurements under each GPU cost model (what a B200 or a Hopper run would pick)
+    for device in ("b200", "h100"):
+        alt = []
+        for row, c in zip(rows, cands):
+            cost = model_cost(c, device, row["quantized_share"])
+            alt.append({**row, "cost_per_seed": cost, "runs_on_device": cost is not None,
+                        "meets_target": bool(cost is not None and not math.isnan(row["kendall_tau"])
+                                             and row["kendall_tau"] >= p.target)})
+        try:
+            by_device[device] = choose(alt)[0]
+        except ValueError:
+            by_device[device] = None
     order = {c.name: i for i, c in enumerate(cands)}
     return {"index": index, "device": p.device, "target": p.target, "prompts": prompts, "seeds_per_prompt": p.seeds,
             "reference": {"backend": r.precision.backend, "steps": r.steps, "reward_mean": float(ref.mean()),
                           "seconds": round(ref_s, 2)},
             "candidates": sorted(rows, key=lambda r_: order[r_["candidate"]]), "ladder": ladder,
-            "chosen": chosen, "met_target": met,
+            "chosen": chosen, "met_target": met, "chosen_by_device": by_device,
             "cost_unit": "seconds per seed (measured)" if p.device == "cpu" else "BF16-forward equivalents per seed"}
 
 
@@ -225,4 +237,7 @@ def format_calibration(cal: dict[str, Any]) -> str:
                      f"{c['quantized_share']:>11.1%}{cost:>11}  {'yes' if c['meets_target'] else 'no'}")
     lines.append(f"chosen: {cal['chosen']} ({'the cheapest that meets the target' if cal['met_target'] else 'none meets the target: the best tau'}); "
                  f"ladder: {' < '.join(cal['ladder'])}")
+    if cal.get("chosen_by_device"):
+        lines.append("with the same measurements, " + ", ".join(f"{d} costs would choose {c or 'nothing'}"
+                                                              for d, c in cal["chosen_by_device"].items()))
     return "\n".join(lines)

@@ -129,5 +129,11 @@ def test_calibrate_command_on_hopper_costs_leaves_fp4_out(tmp_path, capsys) -> N
     assert rows["nvfp4-emu@2"]["cost_per_seed"] is None and not rows["nvfp4-emu@2"]["runs_on_device"]
     assert cal["ladder"] == ["fp8-e4m3-emu@10"] and cal["chosen"] == "fp8-e4m3-emu@10"
     assert "n/a" in out and "chosen: fp8-e4m3-emu@10" in out
+    # the same measurements under B200 costs: FP4 runs there and is cheaper, and tau 0.01 is met by any proxy
+    # that ranks at all (else the best tau)
+    b200 = cal["chosen_by_device"]["b200"]
+    assert b200 in rows and cal["chosen_by_device"]["h100"] == "fp8-e4m3-emu@10"
+    if rows["nvfp4-emu@2"]["meets_target"] or rows["nvfp4-emu@2"]["kendall_tau"] >= 0.01:
+        assert b200 == "nvfp4-emu@2"
     assert rows["fp8-e4m3-emu@10"]["cost_per_seed"] == pytest.approx(10 * (1 - rows["fp8-e4m3-emu@10"]["quantized_share"] / 2),
                                                                     abs=1e-3)  # the share is rounded to 4 places
