@@ -134,7 +134,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.steps:
         kw["steps"] = a.steps
     if a.reward:
-        kw["reward"] = a.reward
+        if a.name == "ranking":
+            kw["rewards"] = tuple(x for x in a.reward.split(",") if x)
+        else:
+            kw["reward"] = a.reward
+    if a.policies:
+        kw["policies"] = tuple(x for x in a.policies.split(",") if x)
     if a.repeats:
         kw["repeats"] = a.repeats
     if a.jobs:
@@ -347,7 +352,11 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--precisions", default=None,
                    help="ranking: comma-separated proxy precisions; NAME@2/6 limits one to those explore steps")
     b.add_argument("--steps", type=_steps, default=None, help="ranking: comma-separated explore steps")
-    b.add_argument("--reward", default=None, help="curve: train on this reward (default: shapes); shapes-world rewards "
+    b.add_argument("--policies", default=None,
+                   help="ranking: comma-separated per-layer policies for the quantizing precisions (default reference; "
+                        "see solrl models quantized)")
+    b.add_argument("--reward", default=None, help="ranking: comma-separated rewards to score with (default shapes); "
+                                                  "curve: train on this reward (default: shapes); shapes-world rewards "
                                                   "are evaluated with the exact shapes reward")
     b.add_argument("--repeats", type=int, default=None, help="curve: training runs (run seeds) per mode (default 3)")
     b.add_argument("--jobs", type=int, default=None,

@@ -37,6 +37,8 @@ def test_ranking_small(tmp_path):
     assert [(row["precision"], row["steps"]) for row in r["rows"]] == [("nvfp4-emu", 2), ("nvfp4-emu", 4),
                                                                      ("mxfp4-emu", 2), ("random", 0)]
     for row in r["rows"]:
+        assert -1 <= row["kept_contrast"] <= 1 and (row["kendall_tau_ci95"] is None or row["kendall_tau_ci95"] >= 0)
+    for row in r["rows"]:
         for key in ("kendall_tau", "spearman"):
             assert row[key] is None or -1 <= row[key] <= 1
         for key in ("top_k_match", "bottom_k_false_inclusion", "bottom_half_false_inclusion"):
@@ -44,6 +46,25 @@ def test_ranking_small(tmp_path):
         if row["precision"] != "random":
             assert row["forwards"] == r["prompts"] * r["seeds_per_prompt"] * row["steps"] and row["sample_s"] > 0
     assert r["reference"]["forwards"] == r["prompts"] * r["seeds_per_prompt"] * r["reference"]["steps"]
+
+
+@pytest.mark.slow
+def test_ranking_with_policies_and_two_rewards(tmp_path, capsys):
+    assert main(["bench", "ranking", "--small", "--precisions", "nvfp4-emu@2,bf16@2", "--policies",
+                 "reference,keep-projections", "--reward", "shapes,shapes_dense", "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "ranking.json").read_text())
+    assert [(row["precision"], row["policy"]) for row in r["rows"]] == [
+        ("nvfp4-emu", "reference"), ("nvfp4-emu", "keep-projections"), ("bf16", "reference"), ("random", "-")]
+    assert r["rewards"] == ["shapes", "shapes_dense"]
+    for row in r["rows"]:
+        assert set(row["by_reward"]) == {"shapes", "shapes_dense"}
+        assert row["by_reward"]["shapes"]["kendall_tau"] == row["kendall_tau"]
+    # the two policies quantize different layers, so their images (and dense scores) differ
+    dense = [row["by_reward"]["shapes_dense"]["reward_mean"] for row in r["rows"][:2]]
+    assert dense[0] != dense[1]
+    assert "scored with `shapes_dense`" in (tmp_path / "ranking.md").read_text()
+    with pytest.raises(ValueError, match="unknown"):
+        run_bench("ranking", tmp_path, small=True, policies=("keep-all",))
 
 
 def test_rollout_small_through_the_cli(tmp_path, capsys):
