@@ -110,17 +110,18 @@ def test_the_trainer_refuses_workers_that_do_not_serve_its_run(explorer):
     try:
         seen = check_workers(pusher, cfg, timeout_s=10)
         assert seen[0]["model"] == "shapes" and seen[0]["precision"] == "nvfp4-emu"
-        other = apply_overrides(get_preset("shapes-sol-rl"), ["reward=jpeg_compressibility", "rollout.explore_precision.backend=fp8-emu",
+        other = apply_overrides(get_preset("shapes-sol-rl"), ["reward=jpeg_compressibility", "rollout.explore_precision.backend=fp8-e5m2-emu",
                                       "rollout.precision.backend=fp32"]).validate()
         with pytest.raises(RuntimeError) as err:
             check_workers(pusher, other, timeout_s=10)
         text = str(err.value)
         assert f"explorer {explorer.grpc.address} serves reward 'shapes', the run has reward='jpeg_compressibility'" in text
-        assert "serves precision 'nvfp4-emu', the run has rollout.explore_precision.backend='fp8-emu'" in text
+        assert "serves precision 'nvfp4-emu', the run has rollout.explore_precision.backend='fp8-e5m2-emu'" in text
         assert "serves base precision 'bf16', the run has rollout.precision.backend='fp32'" in text
         # an emulated backend and its kernel compute the same format: compatible
-        nvfp4 = apply_overrides(get_preset("shapes-sol-rl"), ["rollout.explore_precision.backend=nvfp4"]).validate()
-        check_workers(pusher, nvfp4, 10)
+        for same in ("nvfp4", "nvfp4-te-emu"):
+            nvfp4 = apply_overrides(get_preset("shapes-sol-rl"), [f"rollout.explore_precision.backend={same}"]).validate()
+            check_workers(pusher, nvfp4, 10)
         data = adapter(tiny_model(), 3)
         explorer.plane.hot.load(data, version=3, sha256=sha256_hex(data))
         with pytest.raises(RuntimeError, match="serves adapter version 3, newer than this run's 0"):

@@ -179,10 +179,15 @@ class AdapterPusher:
             c.close()
 
 
+# emulations and the Transformer Engine backend whose format they compute (the TE fp8 forward is E4M3)
+_KERNEL_OF = {"nvfp4-te-emu": "nvfp4", "fp8-e4m3-emu": "fp8"}
+
+
 def _family(precision: str) -> str:
-    """Precision backends that compute the same format: an emulated backend and its kernel (nvfp4-emu /
-    nvfp4) are compatible; the trainer cannot tell a CPU test bed from a GPU node by config alone."""
-    return precision.removesuffix("-emu")
+    """Precision backends that compute the same format: an emulated backend and its kernel (nvfp4-emu,
+    nvfp4-te-emu / nvfp4; fp8-e4m3-emu / fp8) are compatible; the trainer cannot tell a CPU test bed from a GPU
+    node by config alone."""
+    return _KERNEL_OF.get(precision, precision.removesuffix("-emu"))
 
 
 def worker_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> list[str]:
