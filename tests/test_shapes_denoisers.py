@@ -47,7 +47,7 @@ def test_an_unknown_family_is_refused_by_name(tmp_path):
 @pytest.mark.parametrize("denoiser", ["sana", "unet"])
 def test_the_explorer_quantizes_attention_and_keeps_the_embedders(denoiser):
     model = ShapesModel.random(seed=0, denoiser=denoiser, layers=2, heads=2, patch=2)
-    backend = build_backend(PrecisionConfig(backend="nvfp4-emu", skip=SPEC.quant_skip))
+    backend = build_backend(PrecisionConfig(backend="nvfp4-emu", model_skip=SPEC.quant_skip))
     names = backend.selected_layers(model.transformer)
     assert any(n.endswith("attn1.to_q") for n in names) and any(n.endswith("attn2.to_out.0") for n in names)
     assert not [n for n in names if n.startswith(("time_embed", "caption_projection", "proj_out"))]

@@ -48,7 +48,7 @@ def transformers():
 
 def family_cfg(name: str, backend: str) -> PrecisionConfig:
     f = FAMILIES[name]
-    return PrecisionConfig(backend=backend, skip=f.quant_skip, min_features=f.quant_min_features)
+    return PrecisionConfig(backend=backend, model_skip=f.quant_skip, min_features=f.quant_min_features)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -60,7 +60,7 @@ def test_te_selection_follows_the_family_rules(name, backend, transformers):
     # the same rule as the CPU stand-in, so the emulated explorer quantizes what the real one would
     assert te_names == build_backend(family_cfg(name, "nvfp4-emu")).selected_layers(model)
     # without the minimum size, the skip list alone still keeps embedders and the final layer out
-    everything = build_backend(PrecisionConfig(backend=backend, skip=FAMILIES[name].quant_skip)).selected_layers(model)
+    everything = build_backend(PrecisionConfig(backend=backend, model_skip=FAMILIES[name].quant_skip)).selected_layers(model)
     assert set(te_names) <= set(everything) and "proj_out" not in everything
     # (in tiny SANA every non-skipped Linear is 2240 wide; in SD3.5 / FLUX the minimum removes attention)
     assert (set(te_names) < set(everything)) == (not name.startswith("sana"))

@@ -66,7 +66,7 @@ def measure(denoiser: str, arch: dict[str, int], batch: int, forward_batch: int,
 
     train_s = _median_s(step, repeats)
     forward_s = _median_s(forward, repeats * 2)
-    backend = build_backend(PrecisionConfig(backend="nvfp4-emu", skip=SPEC.quant_skip))
+    backend = build_backend(PrecisionConfig(backend="nvfp4-emu", model_skip=SPEC.quant_skip))
     share = quantized_mac_share(tr, backend.selected_layers(tr), forward)
     return {"denoiser": denoiser, "arch": arch, "class": type(tr).__name__,
             "parameters": sum(p.numel() for p in tr.parameters()), "train_step_s": round(train_s, 4),
