@@ -20,11 +20,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
 from tqdm import tqdm
 
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter
-from solrl.algo import select
+from solrl.algo import prompt_kendall_taus, select
 from solrl.checkpoint import (
     latest_checkpoint,
     load_adapters,
@@ -130,9 +129,12 @@ class Session:
             self.calibrations = [cal]
             self.proxy = ProxyController(cal["ladder"], cal["chosen"], p.target, p.patience)
             log(_calibration_line(cal))
-        path.write_text(json.dumps(self.calibrations, indent=1) + "\n")
+        self._save_calibrations(run_dir)
         self._build_explorer()
         return {"proxy.chosen": cal["chosen"], "proxy.met_target": cal["met_target"], **self.proxy.state()}
+
+    def _save_calibrations(self, run_dir: Path) -> None:
+        (run_dir / "calibration.json").write_text(json.dumps(self.calibrations, indent=1) + "\n")
 
     def _build_explorer(self) -> None:
         from solrl.precision.policy import policy_config
@@ -167,7 +169,7 @@ class Session:
         if p.every and done % p.every == 0 and done < self.cfg.epochs:
             cal = {"epoch": done, **calibrate(self, len(self.calibrations))}
             self.calibrations.append(cal)
-            (run_dir / "calibration.json").write_text(json.dumps(self.calibrations, indent=1) + "\n")
+            self._save_calibrations(run_dir)
             self.proxy = ProxyController(cal["ladder"], cal["chosen"], p.target, p.patience)
             rec["proxy.recalibrated"] = cal["chosen"]
             log(_calibration_line(cal))
@@ -282,10 +284,7 @@ def selection_contrast(kept_rewards: np.ndarray, selection: str) -> dict[str, fl
 def _agreement(ex, bf16_rewards: np.ndarray) -> dict[str, float]:
     """Proxy (low precision) vs BF16 rewards on the kept seeds: mean gap and Kendall tau per prompt."""
     proxy = np.stack([ex.scores[p][idx] for p, idx in enumerate(ex.kept)])
-    taus = []
-    for a, b in zip(proxy, bf16_rewards):
-        if np.ptp(a) > 0 and np.ptp(b) > 0:
-            taus.append(stats.kendalltau(a, b).statistic)
+    taus = prompt_kendall_taus(proxy, bf16_rewards)
     return {"proxy_gap": float((proxy - bf16_rewards).mean()),
             "proxy_kendall_tau": float(np.mean(taus)) if taus else float("nan")}
 

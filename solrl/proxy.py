@@ -100,21 +100,18 @@ def model_cost(c: Candidate, device: str, share: float) -> float | None:
     return None if rate is None else c.steps * ((1.0 - share) + share * rate)
 
 
-def _tau_and_contrast(cand: np.ndarray, ref: np.ndarray, kept: int) -> tuple[float, float]:
-    from scipy import stats
-
-    taus = [stats.kendalltau(a, b).statistic for a, b in zip(cand, ref) if np.ptp(a) > 0 and np.ptp(b) > 0]
-    h = max(1, min(kept, cand.shape[1]) // 2)
-    contrast = [float(r[np.argsort(-a, kind="stable")[:h]].mean() - r[np.argsort(a, kind="stable")[:h]].mean())
-                for a, r in zip(cand, ref)]
-    return (float(np.mean(taus)) if taus else float("nan")), float(np.mean(contrast))
+def _price(row: dict[str, Any], cost: float | None, target: float) -> dict[str, Any]:
+    """`row` with its cost per seed on a device (None: cannot run there) and whether it meets the target."""
+    tau = row["kendall_tau"]
+    return {**row, "cost_per_seed": cost, "runs_on_device": cost is not None,
+            "meets_target": bool(cost is not None and not math.isnan(tau) and tau >= target)}
 
 
 def calibrate(sess, index: int = 0) -> dict[str, Any]:
     """Measure every candidate of `sess.cfg.rollout.proxy` against BF16 at full steps and choose (module doc).
     `index` numbers the calibrations of a run (its prompts and seeds differ from one to the next)."""
     from solrl.adapters import make_inference_copy
-    from solrl.precision import build_backend
+    from solrl.algo import kept_contrast, prompt_kendall_taus
     from solrl.precision.base import layer_macs
     from solrl.precision.policy import policy_config
     from solrl.rollout import explore, regenerate
@@ -141,29 +138,23 @@ def calibrate(sess, index: int = 0) -> dict[str, Any]:
     total = max(1, sum(macs.values()))
     rows = []
     for c in cands:
-        precision = policy_config(c.backend, c.policy, spec)  # the model's own skips included
-        share = sum(macs.get(n, 0) for n in build_backend(precision).selected_layers(plain)) / total
-        copy = InferenceCopy(sess.adapters, precision)
+        copy = InferenceCopy(sess.adapters, policy_config(c.backend, c.policy, spec))  # model's own skips included
+        share = sum(macs.get(n, 0) for n in copy.backend.quantized_names) / total
         copy.sync(merged, sess.version)
         t0 = time.perf_counter()
         ex = explore(model, copy.module, prompts, seeds, c.steps, sess.sampler, sess.scorer, min(r.kept, p.seeds),
                      r.selection, torch.Generator().manual_seed(index), r.micro_batch, sess.cache)
         seconds = time.perf_counter() - t0
-        tau, contrast = _tau_and_contrast(ex.scores, ref, r.kept)
-        cost = seconds / ref.size if p.device == "cpu" else model_cost(c, p.device, share)
-        rows.append({"candidate": c.name, "backend": c.backend, "steps": c.steps, "policy": c.policy,
-                     "kendall_tau": tau, "kept_contrast": contrast, "quantized_share": round(share, 4),
-                     "cost_per_seed": cost, "seconds": round(seconds, 2), "runs_on_device": cost is not None,
-                     "meets_target": bool(cost is not None and not math.isnan(tau) and tau >= p.target)})
+        taus = prompt_kendall_taus(ex.scores, ref)
+        row = {"candidate": c.name, "backend": c.backend, "steps": c.steps, "policy": c.policy,
+               "kendall_tau": float(np.mean(taus)) if taus else float("nan"),
+               "kept_contrast": kept_contrast(ex.scores, ref, r.kept), "quantized_share": round(share, 4),
+               "seconds": round(seconds, 2)}
+        rows.append(_price(row, seconds / ref.size if p.device == "cpu" else model_cost(c, p.device, share), p.target))
     chosen, ladder, met = choose(rows)
     by_device = {}  # the same measurements under each GPU cost model (what a B200 or a Hopper run would pick)
     for device in ("b200", "h100"):
-        alt = []
-        for row, c in zip(rows, cands):
-            cost = model_cost(c, device, row["quantized_share"])
-            alt.append({**row, "cost_per_seed": cost, "runs_on_device": cost is not None,
-                        "meets_target": bool(cost is not None and not math.isnan(row["kendall_tau"])
-                                             and row["kendall_tau"] >= p.target)})
+        alt = [_price(row, model_cost(c, device, row["quantized_share"]), p.target) for row, c in zip(rows, cands)]
         try:
             by_device[device] = choose(alt)[0]
         except ValueError:

@@ -56,6 +56,7 @@ from services.common.workers import (
 from solrl.checkpoint import latest_checkpoint
 from solrl.config import ConfigError, RunConfig, resolve_run
 from solrl.distributed import RemoteSession, run_distributed
+from solrl.precision.base import same_format
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
 from solrl.pb.solrl.regenerator.v1 import regenerator_pb2, regenerator_pb2_grpc
@@ -179,17 +180,6 @@ class AdapterPusher:
             c.close()
 
 
-# emulations and the Transformer Engine backend whose format they compute (the TE fp8 forward is E4M3)
-_KERNEL_OF = {"nvfp4-te-emu": "nvfp4", "fp8-e4m3-emu": "fp8"}
-
-
-def _family(precision: str) -> str:
-    """Precision backends that compute the same format: an emulated backend and its kernel (nvfp4-emu,
-    nvfp4-te-emu / nvfp4; fp8-e4m3-emu / fp8) are compatible; the trainer cannot tell a CPU test bed from a GPU
-    node by config alone."""
-    return _KERNEL_OF.get(precision, precision.removesuffix("-emu"))
-
-
 def worker_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> list[str]:
     """What a rollout service's Info says that disagrees with the run's config (empty: it fits)."""
     r = cfg.rollout
@@ -200,7 +190,9 @@ def worker_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> lis
               ("reward", info.reward, cfg.reward, "reward")]
     out = [f"{role} {address} serves {what} {got!r}, the run has {key}={want!r}"
            for what, got, want, key in checks if got != want]
-    if _family(info.precision) != _family(want_precision):
+    # an emulated backend and its kernel compute the same format: the trainer cannot tell a CPU test bed from a
+    # GPU node by config alone
+    if not same_format(info.precision, want_precision):
         key = "rollout.explore_precision.backend" if role == "explorer" else "rollout.precision.backend"
         out.append(f"{role} {address} serves precision {info.precision!r}, the run has {key}={want_precision!r}")
     return out

@@ -4,7 +4,7 @@ from solrl.algo.advantages import compute_advantages
 from solrl.algo.ema import ema_decay, lerp_params_, old_decay
 from solrl.algo.grpo import grpo_loss
 from solrl.algo.nft import NFTConfig, nft_loss, timestep_count, timestep_indices
-from solrl.algo.selection import SELECTION_MODES, select
+from solrl.algo.selection import SELECTION_MODES, kept_contrast, prompt_kendall_taus, select
 
 __all__ = [
     "SELECTION_MODES",
@@ -12,9 +12,11 @@ __all__ = [
     "compute_advantages",
     "ema_decay",
     "grpo_loss",
+    "kept_contrast",
     "lerp_params_",
     "nft_loss",
     "old_decay",
+    "prompt_kendall_taus",
     "select",
     "timestep_count",
     "timestep_indices",

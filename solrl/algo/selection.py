@@ -83,3 +83,25 @@ def select(
     rest = [i for i in range(n) if i not in extremes]
     picks = torch.randperm(len(rest), generator=generator).tolist()[: k - len(extremes)]
     return extremes + [rest[j] for j in picks]
+
+
+# ---------------------------------------------------------------- how well a proxy's scores select
+
+def prompt_kendall_taus(proxy, reference) -> list[float]:
+    """Kendall tau-b of each prompt's proxy scores against its reference scores ([P, N] each), for the prompts
+    where both sides vary (a constant side has no correlation)."""
+    import numpy as np
+    from scipy import stats
+
+    return [float(stats.kendalltau(a, b).statistic) for a, b in zip(proxy, reference)
+            if np.ptp(a) > 0 and np.ptp(b) > 0]
+
+
+def kept_contrast(proxy, reference, kept: int = 8) -> float:
+    """Mean over prompts of the reference score of the proxy's best kept/2 seeds minus its worst kept/2: the
+    contrast a best-worst selection of `kept` seeds hands the trainer ([P, N] arrays)."""
+    import numpy as np
+
+    h = max(1, min(kept, proxy.shape[1]) // 2)
+    return float(np.mean([r[np.argsort(-c, kind="stable")[:h]].mean() - r[np.argsort(c, kind="stable")[:h]].mean()
+                          for c, r in zip(proxy, reference)]))

@@ -32,11 +32,12 @@ import numpy as np
 import torch
 from scipy import stats
 
+from solrl.algo import kept_contrast
 from solrl.bench.common import write_results
 from solrl.config import get_preset
 from solrl.evaluate import eval_prompts
 from solrl.loop import Session
-from solrl.precision import PrecisionConfig, available_backends, build_backend
+from solrl.precision import BACKENDS, available_backends
 from solrl.rollout import explore, regenerate
 from solrl.rollout.workers import InferenceCopy
 
@@ -65,13 +66,6 @@ def prompt_metrics(cand: np.ndarray, ref: np.ndarray, ks: tuple[int, ...] = KS) 
         out[f"bottom_{k}_false_inclusion"] = float(np.mean(ref[top] <= ref_sorted[k - 1]))
         out[f"bottom_half_{k}_false_inclusion"] = float(np.mean(ref[top] < median))
     return out
-
-
-def kept_contrast(cand: np.ndarray, ref: np.ndarray, kept: int = 8) -> float:
-    """Mean over prompts of the reference reward of the candidate's best kept/2 seeds minus its worst kept/2."""
-    h = max(1, min(kept, cand.shape[1]) // 2)
-    return float(np.mean([r[np.argsort(-c, kind="stable")[:h]].mean() - r[np.argsort(c, kind="stable")[:h]].mean()
-                          for c, r in zip(cand, ref)]))
 
 
 def aggregate(cand: np.ndarray, ref: np.ndarray, ks: tuple[int, ...] = KS) -> dict[str, Any]:
@@ -158,7 +152,7 @@ def run(out: Path, small: bool = False, prompts: int | None = None, seeds: int |
     rows: list[dict[str, Any]] = []
     spec = model.spec
     for prec, prec_steps in plan:
-        quantizes = build_backend(PrecisionConfig(backend=prec)).quantizes
+        quantizes = BACKENDS[prec].quantizes
         for policy in (policies if quantizes else ("reference",)):
             copy = InferenceCopy(sess.adapters, policy_config(prec, policy, spec))
             for n in prec_steps:

@@ -62,6 +62,18 @@ def _load_backends() -> None:
     import solrl.precision.transformer_engine  # noqa: F401
 
 
+def same_format(a: str, b: str) -> bool:
+    """Whether two backend names compute the same format: equal, or an emulation and the kernel it emulates
+    (nvfp4-emu / nvfp4-te-emu and nvfp4, fp8-e4m3-emu and fp8)."""
+    _load_backends()
+
+    def kernel(name: str) -> str:
+        cls = BACKENDS.get(name)
+        return (cls.emulates if cls is not None else None) or name
+
+    return kernel(a) == kernel(b)
+
+
 def available_backends() -> list[str]:
     """Names of the registered backends, sorted."""
     _load_backends()
@@ -110,6 +122,8 @@ class PrecisionBackend:
     # True when selected Linears hold quantized weights (an adapter must be merged and re-quantized);
     # False for the reference backends, whose layers can carry an unmerged LoRA
     quantizes: ClassVar[bool] = False
+    # an emulation: the kernel backend whose numbers it reproduces (a worker on either serves the same format)
+    emulates: ClassVar[str | None] = None
 
     def __init__(self, cfg: PrecisionConfig) -> None:
         if not isinstance(cfg, PrecisionConfig):

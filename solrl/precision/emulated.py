@@ -259,6 +259,7 @@ class NVFP4EmuBackend(_EmulatedBackend):
     """W4A4 (or W4A16) NVFP4 fake quantization; runs anywhere torch does."""
 
     name = "nvfp4-emu"
+    emulates = "nvfp4"
     layer_cls = NVFP4EmuLinear
 
 

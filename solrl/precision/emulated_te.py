@@ -139,6 +139,7 @@ class FP8E4M3EmuBackend(_EmulatedBackend):
     """W8A8 FP8 E4M3, per-tensor current scaling (TE `Float8CurrentScaling`, Hopper and later)."""
 
     name = "fp8-e4m3-emu"
+    emulates = "fp8"  # TE's fp8 forward is E4M3
     layer_cls = FP8E4M3EmuLinear
 
 
@@ -155,4 +156,5 @@ class NVFP4TEEmuBackend(_EmulatedBackend):
     """W4A4 NVFP4 with Transformer Engine's recipe numerics (2D weight tiles, TE scale rule)."""
 
     name = "nvfp4-te-emu"
+    emulates = "nvfp4"
     layer_cls = NVFP4TEEmuLinear
