@@ -144,6 +144,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
         kw["repeats"] = a.repeats
     if a.jobs:
         kw["jobs"] = a.jobs
+    if a.modes:
+        kw["modes"] = tuple(x for x in a.modes.split(",") if x)
+    if a.compare:
+        kw["compare"] = a.compare
     if a.name == "curve" and a.threads:
         kw["threads"] = a.threads  # per run: the runs set their own torch threads
     try:
@@ -362,6 +366,11 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--jobs", type=int, default=None,
                    help="curve: training runs at once, in separate processes (default 1); with --threads, threads per run, "
                         "else the cores shared out; finished runs under --out are reused")
+    b.add_argument("--modes", default=None,
+                   help="curve: comma-separated modes to train (default the paper's four; sol_rl_auto: sol_rl with "
+                        "the adaptive proxy)")
+    b.add_argument("--compare", default=None,
+                   help="curve: an earlier curve JSON measured with the same settings whose modes are set beside these")
     b.set_defaults(fn=cmd_bench)
 
     sv = sub.add_parser("serve", help="run one service role (what containers run)")

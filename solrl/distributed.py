@@ -128,10 +128,17 @@ class RemoteSession:
                                          guidance=sess.sampler.guidance)
         jobs = {job_id_for(self.run_id, epoch, p): p for p in range(len(prompts))}
         published: dict[str, str] = {}
+        proxy = {}  # the adaptive proxy: the explorers are told which precision and policy to sample with
+        if sess.proxy is not None:
+            from solrl.proxy import parse_candidate
+
+            c = parse_candidate(sess.proxy.current)
+            proxy = {"precision": c.backend, "precision_policy": c.policy}
+            rec["explore.proxy"] = sess.proxy.current
         for job_id, p in jobs.items():
             job = common_pb2.ExploreJob(job_id=job_id, run_id=self.run_id, prompt=prompts[p], seeds=seeds[p],
-                                        steps=r.explore_steps, kept=r.kept, selection=r.selection,
-                                        min_adapter_version=sess.version, sampler=sampler)
+                                        steps=sess.explore_steps(), kept=r.kept, selection=r.selection,
+                                        min_adapter_version=sess.version, sampler=sampler, **proxy)
             published[job_id] = self.queue.publish(STREAM_EXPLORE, job.SerializeToString(), key=job_id,
                                                    timeout_s=self.rollout_timeout_s)
         got = self.collect(jobs, r.kept, published)
@@ -139,6 +146,12 @@ class RemoteSession:
 
         order = sorted(got)  # (prompt index, kept position): the embedded loop's order
         rolls = [got[key] for key in order]
+        if proxy:
+            want = proxy["precision"] + ("" if proxy["precision_policy"] == "reference" else f"/{proxy['precision_policy']}")
+            wrong = sorted({ro.proxy for ro in rolls if ro.proxy != want})
+            if wrong:
+                raise RuntimeError(f"epoch {epoch + 1}: the explorers sampled with {wrong}, the adaptive proxy asked "
+                                   f"for {want!r} (an explorer that ignores ExploreJob.precision: update it)")
         x0 = torch.stack([_tensor(ro.x0) for ro in rolls])
         rewards = np.asarray([ro.reward for ro in rolls], dtype=np.float32)
         proxy = np.asarray([ro.proxy_reward for ro in rolls], dtype=np.float32).reshape(len(prompts), r.kept)
@@ -265,11 +278,13 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
         cfg.save(run_dir / "config.json")
         writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else -1)
         (run_dir / "eval").mkdir(exist_ok=True)
+        proxy_fields = sess.setup_proxy(run_dir, start, log)  # the adaptive proxy calibrates on this device
         if start == 0:
             st.state = "evaluating"
             base_eval, grids = sess.evaluate()
             _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
-            writer.write({"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0})
+            writer.write({"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0,
+                          **proxy_fields})
         for e in range(start, cfg.epochs):
             st.state = "running"
             rec = remote.epoch(e)
@@ -279,6 +294,7 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
                 ev, grids = sess.evaluate()
                 _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
                 rec["eval.mean_reward"] = ev["mean_reward"]
+            sess.after_epoch(done, rec, run_dir, log)
             writer.write(rec)
             st.history.append(rec)
             if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):

@@ -69,11 +69,13 @@ class Session:
     _eval_scorer: Any = None     # built on the first evaluation
     proxy: Any = None            # ProxyController when rollout.explore_precision.backend is "auto"
     calibrations: list | None = None
+    local_explorer: bool = True  # False: the explorer services sample (the trainer tells them the proxy)
 
     @classmethod
     def build(cls, cfg: RunConfig, local_explorer: bool = True) -> "Session":
         """local_explorer=False: exploration happens elsewhere (the trainer service), so no
-        low-precision inference copy is built."""
+        low-precision inference copy is built (the adaptive proxy still calibrates here, on the trainer's
+        device, and names its choice in each ExploreJob)."""
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         model = load_model(cfg.model.name, cfg.model.path)
@@ -93,9 +95,6 @@ class Session:
         trainer = NFTTrainer(model, adapters, cfg.train, cfg.rollout.steps, sampler.shift)
         explorer = None
         auto = cfg.rollout.explore_precision.backend == "auto"
-        if auto and not local_explorer:
-            raise ConfigError("rollout.explore_precision.backend=auto: the adaptive proxy runs in the embedded loop "
-                              "(solrl train); the services mode does not support it yet")
         if local_explorer and cfg.rollout.mode in ("sol_rl", "naive_quant") and not auto:
             explorer = InferenceCopy(adapters, cfg.rollout.explore_precision, spec.quant_skip, spec.quant_min_features)
         try:  # read once; a bad eval set fails now, not after epoch 1
@@ -104,7 +103,8 @@ class Session:
         except PromptSetError as exc:
             raise ConfigError(f"prompts: {exc}") from None
         return cls(cfg, model, adapters, trainer, explorer, build_reward(cfg.reward), sampler,
-                   PromptCache(model), prompts, prompt_sampler(cfg.prompts.train, prompts), eval_prompts)
+                   PromptCache(model), prompts, prompt_sampler(cfg.prompts.train, prompts), eval_prompts,
+                   local_explorer=local_explorer)
 
     # ---------------------------------------------------------------- the adaptive proxy
     def setup_proxy(self, run_dir: Path, start: int, log=print) -> dict[str, Any]:
@@ -140,6 +140,8 @@ class Session:
         from solrl.precision.policy import policy_config
         from solrl.proxy import parse_candidate
 
+        if not self.local_explorer:
+            return  # the explorer services build it when a job names the proxy
         c = parse_candidate(self.proxy.current)
         self.explorer = InferenceCopy(self.adapters, policy_config(c.backend, c.policy, self.model.spec))
 
@@ -201,6 +203,8 @@ class Session:
         if r.mode in ("sol_rl", "naive_quant"):
             on_stage("explore")
             steps = self.explore_steps()
+            if self.proxy is not None:
+                rec["explore.proxy"] = self.proxy.current  # the candidate this epoch explores with
             ex = explore(self.model, self.explorer.module, prompts, seeds, steps, self.sampler, self.scorer,
                          r.kept, r.selection, tgen, mb, self.cache)
             rec.update({"explore.reward_mean": float(ex.scores.mean()), "explore.reward_std": float(ex.scores.std()),

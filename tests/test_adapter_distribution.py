@@ -122,6 +122,15 @@ def test_the_trainer_refuses_workers_that_do_not_serve_its_run(explorer):
         for same in ("nvfp4", "nvfp4-te-emu"):
             nvfp4 = apply_overrides(get_preset("shapes-sol-rl"), [f"rollout.explore_precision.backend={same}"]).validate()
             check_workers(pusher, nvfp4, 10)
+        # the adaptive proxy: the explorer's own precision does not matter (each job names one), but it must be
+        # able to build every candidate; Transformer Engine's NVFP4 needs a Blackwell GPU
+        auto = ["rollout.explore_precision.backend=auto"]
+        check_workers(pusher, apply_overrides(get_preset("shapes-sol-rl"), auto).validate(), 10)
+        te = apply_overrides(get_preset("shapes-sol-rl"), auto + ['rollout.proxy.candidates=["nvfp4@4", "bf16@6"]'])
+        if "nvfp4" not in explorer.plane.info()["available_precisions"]:
+            with pytest.raises(RuntimeError, match=r"cannot serve the adaptive proxy's candidate precision\(s\) "
+                                                   r"\['nvfp4'\]"):
+                check_workers(pusher, te.validate(), 10)
         data = adapter(tiny_model(), 3)
         explorer.plane.hot.load(data, version=3, sha256=sha256_hex(data))
         with pytest.raises(RuntimeError, match="serves adapter version 3, newer than this run's 0"):

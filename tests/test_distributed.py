@@ -5,6 +5,7 @@ Needs a Redis server at 127.0.0.1:6379 (each test uses its own namespace, delete
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
@@ -250,3 +251,56 @@ def test_a_fresh_attempt_never_reuses_job_ids_and_restarts_metrics(model_dir, qu
             run_distributed(cfg, tmp_path, queue, lambda *a: None, run_id="same", on_session=no_rollouts)
     assert len(set(seen)) == 2 and all(s.startswith("same-a") for s in seen)
     assert [r["epoch"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0]
+
+
+def test_the_adaptive_proxy_in_services_mode_follows_the_embedded_run(model_dir, queue, tmp_path):
+    """rollout.explore_precision.backend=auto over the queue: the trainer calibrates on its own device, names
+    the chosen proxy (precision and steps) in every ExploreJob, and the explorer (started with another
+    precision) samples with it. Choices, controller state and results equal the embedded run's; the
+    rollouts say which proxy ranked them."""
+    from solrl.loop import train
+
+    sets = ["rollout.explore_precision.backend=auto", "rollout.proxy.prompts=2", "rollout.proxy.seeds=6",
+            'rollout.proxy.candidates=["nvfp4-emu@1", "fp32@3"]', "rollout.proxy.target=0.95",
+            "rollout.proxy.patience=1", "checkpoint_every=1"]
+    cfg = apply_overrides(tiny_cfg(model_dir, epochs=2), sets).validate()
+    train(cfg, tmp_path / "emb", progress=False, log=lambda *_: None)
+    explorer, regenerator = planes(apply_overrides(tiny_cfg(model_dir, 2), ["rollout.explore_precision.backend=bf16"]))
+    assert explorer.hot.label == "bf16"
+    labels: list[str] = []
+    original = explorer.explore
+
+    def explore(*a, **kw):  # what each job asked for and got
+        out = original(*a, **kw)
+        labels.append(out.proxy)
+        return out
+
+    explorer.explore = explore
+
+    def push(data: bytes, version: int, sha256: str) -> None:
+        for plane in (explorer, regenerator):
+            plane.hot.load(data, version=version, sha256=sha256)
+
+    workers = [explorer_worker(queue, explorer, block_ms=100), regenerator_worker(queue, regenerator, block_ms=100)]
+    for w in workers:
+        w.start()
+    try:
+        run_distributed(cfg, tmp_path / "dist", queue, push, run_id="auto", rollout_timeout_s=120,
+                        log=lambda s: None)
+    finally:
+        for w in workers:
+            w.stop()
+    emb = read_metrics(tmp_path / "emb" / "metrics.jsonl")
+    dist = read_metrics(tmp_path / "dist" / "metrics.jsonl")
+    keys = ("proxy.chosen", "proxy.candidate", "proxy.below_target_epochs", "explore.proxy", "proxy.switch")
+    assert [[r.get(k) for k in keys] for r in dist] == [[r.get(k) for k in keys] for r in emb]
+    assert emb[0]["proxy.chosen"] in ("nvfp4-emu@1", "fp32@3") and all("explore.proxy" in r for r in emb[1:])
+    for d, e in zip(dist[1:], emb[1:], strict=True):
+        assert d["rollout.reward_mean"] == pytest.approx(e["rollout.reward_mean"], abs=1e-4)
+        assert d["train.loss"] == pytest.approx(e["train.loss"], rel=1e-5)
+    cal_e = json.loads((tmp_path / "emb" / "calibration.json").read_text())
+    cal_d = json.loads((tmp_path / "dist" / "calibration.json").read_text())
+    assert [c["chosen"] for c in cal_d] == [c["chosen"] for c in cal_e]
+    # every job sampled with the proxy its epoch named (2 prompts per epoch), not the explorer's own bf16
+    used = [r["explore.proxy"].split("@")[0] for r in emb[1:] for _ in range(2)]
+    assert labels == used and "bf16" not in labels

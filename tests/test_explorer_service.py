@@ -440,6 +440,33 @@ def test_health_info_and_ops(world, served):
     assert ops["resident_weight_bytes"] == info.resident_weight_bytes and ops["adapter_loading"] is True
 
 
+def test_a_job_naming_a_proxy_switches_the_explorer_to_it(world, served):
+    """The adaptive proxy in services mode: the trainer names the precision and layer policy in the job; the
+    explorer rebuilds the served adapter version through that backend, keeps serving it, and says which it
+    used. Results equal the core explorer of that precision and policy, synced with the same adapter."""
+    from solrl.precision.policy import policy_config
+
+    for v in (1, 2):
+        assert served.push(world.payloads[v], v).status_code == 200
+    spec = world.model.spec
+    ref = InferenceCopy(world.adapters, policy_config("fp8-e4m3-emu", "keep-projections", spec))
+    ref.sync(world.adapters.merged_weights("default"), 2)  # world.adapters holds version 2
+    want = explore(world.model, ref.module, [PROMPT], [SEEDS], 2, SamplerSpec(), world.scorer, 2, "best_worst")
+    assert not np.array_equal(want.scores, world.expected[2].scores)  # another precision: other images
+    for job in ({"precision": "fp8-e4m3-emu", "precision_policy": "keep-projections"}, {}):  # {}: it stays
+        sel = served.explore(**job)
+        assert sel.proxy == "fp8-e4m3-emu/keep-projections" and sel.adapter_version.version == 2
+        np.testing.assert_array_equal(np.array(sel.proxy_scores, dtype=np.float32), want.scores[0])
+    info = served.stub.Info(explorer_pb2.InfoRequest())
+    assert info.precision == "fp8-e4m3-emu" and "nvfp4-emu" in info.available_precisions
+    sel = served.explore(precision="nvfp4-emu")  # back to its own: bit-equal to the core NVFP4 explorer
+    assert sel.proxy == "nvfp4-emu"
+    assert_matches(sel, world, 2)
+    before = served.stub.Info(explorer_pb2.InfoRequest()).precision
+    rpc_error(served.explore, precision="fp3-emu")  # a bad name switches nothing
+    assert served.stub.Info(explorer_pb2.InfoRequest()).precision == before == "nvfp4-emu"
+
+
 @pytest.mark.parametrize("job, n, field", [
     ({"prompt": "a red dragon"}, 0, "job.prompt"),
     ({"prompt": ""}, 0, "job.prompt"),
@@ -452,6 +479,8 @@ def test_health_info_and_ops(world, served):
     ({}, 3, "n"),
     ({"sampler": common_pb2.SamplerSpec(solver="sde")}, 0, "job.sampler.solver"),
     ({"sampler": common_pb2.SamplerSpec(guidance=0.5)}, 0, "job.sampler.guidance"),
+    ({"precision": "fp3-emu"}, 0, "job.precision"),
+    ({"precision": "fp8-e4m3-emu", "precision_policy": "keep-all"}, 0, "job.precision_policy"),
 ])
 def test_bad_explore_input_is_invalid_argument_naming_the_field(served, job, n, field):
     err = rpc_error(served.explore, n=n, **job)
@@ -553,6 +582,12 @@ def test_rollout_roles_take_their_settings_from_the_run_config():
     explorer_server.add_arguments(p, environ={})
     plain = settle_role_args(p.parse_args([]), "explorer")
     assert (plain.precision, plain.steps, plain.kept, plain.model) == ("nvfp4-emu", 6, 24, "shapes")
+    # the adaptive proxy: the explorer starts on the first candidate (each job then names the chosen one)
+    p = argparse.ArgumentParser()
+    explorer_server.add_arguments(p, environ={"SOLRL_SET": "rollout.explore_precision.backend=auto "
+                                                           """'rollout.proxy.candidates=["fp8-e4m3-emu@4","bf16@6"]'"""})
+    auto = settle_role_args(p.parse_args([]), "explorer")
+    assert (auto.precision, auto.steps) == ("fp8-e4m3-emu", 4)
     p = argparse.ArgumentParser()
     explorer_server.add_arguments(p, environ={"SOLRL_SET": "rollout.kept"})
     with pytest.raises(ValueError, match="SOLRL_SET"):

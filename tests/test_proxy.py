@@ -112,8 +112,11 @@ def test_a_switch_rebuilds_the_explorer_one_rung_up(tmp_path) -> None:
     sess.after_epoch(1, rec, tmp_path, log=lambda *_: None)  # patience 1: one epoch below the target moves up
     assert rec["proxy.switch"]["to"] == "fp32@10" and rec["proxy.candidate"] == "fp32@10"
     assert sess.explorer.backend.name == "fp32" and sess.explore_steps() == 10
-    with pytest.raises(ConfigError, match="embedded loop"):
-        Session.build(cfg, local_explorer=False)
+    # the trainer service's session calibrates and decides the same way, but builds no explorer of its own
+    remote = Session.build(cfg, local_explorer=False)
+    (tmp_path / "remote").mkdir()
+    assert remote.setup_proxy(tmp_path / "remote", 0, log=lambda *_: None)["proxy.chosen"] == "bf16@10"
+    assert remote.explorer is None and remote.explore_steps() == 10
 
 
 @pytest.mark.slow

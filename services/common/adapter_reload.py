@@ -10,6 +10,9 @@ HotSwapModel     the serving copy of one denoiser: a plain base model, a precisi
                  small updates RL makes). A call takes the current copy
                  once, at its start (`acquire`), and finishes on it whatever is pushed meanwhile; the
                  old copy is freed when its last call ends. A rejected push changes nothing.
+                 `use(precision)` switches the backend (the adaptive proxy: the trainer names the
+                 proxy in each ExploreJob): the served adapter version is rebuilt through the new
+                 backend, and every later push is built with it.
 AdapterEndpoint  the front door shared by `PUT /v1/adapter` on the ops app and the LoadAdapter RPCs:
                  bearer token (env SOLRL_ADAPTER_TOKEN, hmac.compare_digest), size limit, sha256,
                  version order (a re-push of the served version with the same sha256 is
@@ -90,6 +93,8 @@ class ServingCopy:
     module: nn.Module
     version: int
     sha256: str  # of the adapter's safetensors bytes; "" for the base model (version 0)
+    precision: PrecisionConfig | None = None  # the backend config the copy was built with
+    label: str = ""                           # its name: "BACKEND" or "BACKEND/POLICY"
 
 
 @dataclass(frozen=True)
@@ -133,17 +138,52 @@ class HotSwapModel:
         self._layouts: dict[LoraSpec, tuple[dict[str, tuple[int, ...]], dict[str, Tensor]]] = {}
         if lora is not None:
             self._layout_for(lora)  # a pinned spec that matches no layer fails at start-up
-        self._backend = build_backend(precision)
-        self.merges = self._backend.quantizes
         self.fetcher: AdapterFetcher | None = None  # pulls the current adapter when a call needs a newer one
         self._cond = threading.Condition()   # guards _current; notified on every swap
-        self._load_lock = threading.Lock()   # one build at a time
-        if self.merges:
-            self._current = ServingCopy(self._build({}), 0, "")
-        else:
+        self._load_lock = threading.Lock()   # one build (push or precision switch) at a time
+        self._adapter: tuple[Mapping[str, Tensor], LoraSpec] | None = None  # the served LoRA (None: the base)
+        self._set_backend(precision, precision.backend)
+        self._current = ServingCopy(self._module_for(None), 0, "", precision, self.label)
+
+    def _set_backend(self, precision: PrecisionConfig, label: str) -> None:
+        self.precision, self.label = precision, label
+        self._backend = build_backend(precision)
+        self.merges = self._backend.quantizes
+        if not self.merges:
             # the base through the backend, once: version 0, and the tensors every LoRA version shares
             self._serving_base = self._backend.prepare(copy.deepcopy(self._base))
-            self._current = ServingCopy(self._serving_base, 0, "")
+
+    def _module_for(self, adapter: tuple[Mapping[str, Tensor], LoraSpec] | None) -> nn.Module:
+        """A serving copy of the base with `adapter` (None: the base alone) through the current backend."""
+        if adapter is None:
+            return self._build({}) if self.merges else self._serving_base
+        state, spec = adapter
+        if self.merges:
+            return self._build(merge_lora(self._layout_for(spec)[1], state, spec))
+        return self._build_unmerged(state, spec)
+
+    def use(self, precision: PrecisionConfig, label: str | None = None) -> float:
+        """Serve `precision` from now on (a no-op if served already): the current adapter version is rebuilt
+        through its backend and swapped in; calls in flight finish on their copy. Returns the build's ms.
+        A backend that cannot be built here raises and leaves the served copy as it was."""
+        with self._load_lock:
+            if precision == self.precision:
+                return 0.0
+            t0 = time.perf_counter()
+            before = (self.precision, self.label, self._backend, self.merges, getattr(self, "_serving_base", None))
+            try:
+                self._set_backend(precision, label or precision.backend)
+                module = self._module_for(self._adapter)
+            except Exception:
+                self.precision, self.label, self._backend, self.merges, self._serving_base = before
+                raise
+            with self._cond:
+                cur = self._current
+                self._current = ServingCopy(module, cur.version, cur.sha256, precision, self.label)
+                self._cond.notify_all()
+            ms = (time.perf_counter() - t0) * 1000.0
+        log.info("now serving %s (adapter version %d rebuilt in %.1f ms)", self.label, cur.version, ms)
+        return ms
 
     def _layout_for(self, spec: LoraSpec) -> tuple[dict[str, tuple[int, ...]], dict[str, Tensor]]:
         """(adapter key -> shape, target name -> base weight) of `spec` on this base (cached per spec)."""
@@ -189,16 +229,24 @@ class HotSwapModel:
         with self._cond:
             return self._current
 
-    def acquire(self, min_version: int = 0, timeout: float = 0.0) -> ServingCopy:
+    def acquire(self, min_version: int = 0, timeout: float = 0.0, precision: PrecisionConfig | None = None,
+                label: str | None = None) -> ServingCopy:
         """The copy a call runs on: the current one, once its version is >= min_version (waits up to
         `timeout` seconds for a push; UnavailableError after that). With a `fetcher`, a call that needs a
-        newer version than served first fetches the current adapter itself (a missed push)."""
+        newer version than served first fetches the current adapter itself (a missed push). `precision`:
+        switch to it first (`use`); a concurrent call that switched to another one in between gives
+        UnavailableError (retry)."""
+        if precision is not None:
+            self.use(precision, label)
         if self.fetcher is not None and self.current().version < min_version:
             self.fetcher.fetch()
         with self._cond:
             if not self._cond.wait_for(lambda: self._current.version >= min_version, timeout):
                 raise UnavailableError(f"serving adapter version {self._current.version}, the request needs "
                                        f">= {min_version}; push that version or retry later")
+            if precision is not None and self._current.precision != precision:
+                raise UnavailableError(f"a concurrent request switched this explorer to {self._current.label}; "
+                                       f"retry")
             return self._current
 
     def weight_bytes(self) -> dict[str, int]:
@@ -245,18 +293,16 @@ class HotSwapModel:
                                                  f"started with, {pinned.rank}/{pinned.alpha}/"
                                                  f"{list(pinned.target_modules)}")
             try:
-                layout, base_weights = self._layout_for(spec)
+                layout = self._layout_for(spec)[0]
                 check_state(payload.state, layout, "adapter")
             except (TypeError, ValueError) as exc:
                 raise AdapterRejected("invalid", f"adapter does not fit this model: {exc}") from None
             t0 = time.perf_counter()
-            if self.merges:
-                module = self._build(merge_lora(base_weights, payload.state, spec))
-            else:
-                module = self._build_unmerged(payload.state, spec)
+            module = self._module_for((payload.state, spec))
             with self._cond:
-                self._current = ServingCopy(module, version, actual)
+                self._current = ServingCopy(module, version, actual, self.precision, self.label)
                 self._cond.notify_all()
+            self._adapter = (payload.state, spec)
             swap_ms = (time.perf_counter() - t0) * 1000.0
         log.info("adapter version %d (sha256 %s) swapped in after %.1f ms", version, actual[:12], swap_ms)
         return LoadResult(version, actual, swap_ms, previous.version)

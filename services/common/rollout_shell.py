@@ -78,6 +78,18 @@ def serve(plane: Any, hot: HotSwapModel, metrics: ServiceMetrics,
     return RolloutService(plane, server, http, metrics, stopping, adapters=adapters)
 
 
+def _explorer_start(c) -> tuple[str, int]:
+    """The explorer's own precision and steps for a run: with the adaptive proxy (backend "auto"), its first
+    candidate's (each ExploreJob then names the chosen one)."""
+    ep = c.rollout.explore_precision.backend
+    if ep != "auto":
+        return ep, c.rollout.explore_steps
+    from solrl.proxy import parse_candidate
+
+    first = parse_candidate(c.rollout.proxy.candidates[0])
+    return first.backend, first.steps
+
+
 # Role settings a run config gives (RunConfig attribute paths); unset flags take them from --preset /
 # SOLRL_PRESET + SOLRL_SET, the same settings the trainer resolves, else the role's own defaults.
 _FROM_RUN = {
@@ -86,8 +98,8 @@ _FROM_RUN = {
     "base_precision": lambda c, role: c.rollout.precision.backend,
     "reward": lambda c, role: c.reward,
     "micro_batch": lambda c, role: c.rollout.micro_batch,
-    "precision": lambda c, role: (c.rollout.explore_precision if role == "explorer" else c.rollout.precision).backend,
-    "steps": lambda c, role: c.rollout.explore_steps if role == "explorer" else c.rollout.steps,
+    "precision": lambda c, role: _explorer_start(c)[0] if role == "explorer" else c.rollout.precision.backend,
+    "steps": lambda c, role: _explorer_start(c)[1] if role == "explorer" else c.rollout.steps,
     "kept": lambda c, role: c.rollout.kept,
     "selection": lambda c, role: c.rollout.selection,
 }

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from services.common.rollout_plane import resolve_sampler
 from services.common.tensors import torch_to_tensor
-from services.explorer.dataplane import ExplorerDataPlane
+from services.explorer.dataplane import JOB_FIELDS, ExplorerDataPlane
 from services.regenerator.dataplane import RegeneratorDataPlane
 from solrl.distributed import (
     GROUP_EXPLORERS,
@@ -132,14 +132,12 @@ def explore_handler(plane: ExplorerDataPlane) -> Callable[[bytes], Results]:
                                   field="job.sampler")
         out = plane.explore([job.prompt], [list(job.seeds)], steps=job.steps or None, kept=job.kept or None,
                             selection=job.selection or None, sampler=sampler, min_version=job.min_adapter_version,
-                            fields={"prompts": "job.prompt", "seeds": "job.seeds", "steps": "job.steps",
-                                    "kept": "job.kept", "selection": "job.selection",
-                                    "min_version": "job.min_adapter_version"})
+                            precision=job.precision, policy=job.precision_policy, fields=JOB_FIELDS)
         sel = common_pb2.SeedSelection(job_id=job.job_id, prompt=job.prompt, seeds=out.seeds[0],
                                        proxy_scores=out.scores[0].tolist(), kept_indices=out.kept[0],
                                        adapter_version=common_pb2.AdapterVersion(version=out.version,
                                                                                  sha256=out.sha256),
-                                       sampler=job.sampler)
+                                       sampler=job.sampler, proxy=out.proxy)
         return [(job.job_id, sel.SerializeToString())]
 
     return handle
@@ -166,7 +164,7 @@ def regenerate_handler(plane: RegeneratorDataPlane) -> Callable[[bytes], Results
         return [(rollout_key(sel.job_id, j),
                  common_pb2.Rollout(job_id=sel.job_id, prompt=sel.prompt, seed=seed, x0=torch_to_tensor(x0),
                                     reward=float(reward), proxy_reward=sel.proxy_scores[i],
-                                    adapter_version=version).SerializeToString())
+                                    adapter_version=version, proxy=sel.proxy).SerializeToString())
                 for j, (i, seed, x0, reward) in enumerate(zip(kept, out.seeds, out.x0, out.rewards))]
 
     return handle

@@ -54,8 +54,13 @@ OUTPUTS = (SEEDS, SCORES, KEPT, ADAPTER_VERSION)
 
 # names of explore()'s arguments in error messages, by default and for the KServe model
 FIELDS = {"prompts": "prompts", "seeds": "seeds", "n": "n", "steps": "steps", "kept": "kept",
-          "selection": "selection", "min_version": "min_version"}
+          "selection": "selection", "min_version": "min_version", "precision": "precision",
+          "policy": "precision_policy"}
 KSERVE_FIELDS = {**FIELDS, "prompts": PROMPTS.name, "n": N.name, "steps": STEPS.name, "kept": K.name}
+# ... and for an ExploreJob (the Explore RPC and the queue's explore stream)
+JOB_FIELDS = {"prompts": "job.prompt", "seeds": "job.seeds", "n": "n", "steps": "job.steps", "kept": "job.kept",
+              "selection": "job.selection", "min_version": "job.min_adapter_version", "precision": "job.precision",
+              "policy": "job.precision_policy"}
 
 
 # ---------------------------------------------------------------------- the explorer
@@ -68,6 +73,7 @@ class ExploreOutcome:
     version: int             # adapter version sampled with
     sha256: str
     forwards: int
+    proxy: str = ""          # the precision sampled with: "BACKEND" or "BACKEND/POLICY"
 
 
 def selection_generator(seeds: list[list[int]]) -> torch.Generator:
@@ -103,14 +109,38 @@ class ExplorerDataPlane(RolloutPlane):
     def defaults(self) -> dict[str, Any]:
         return {**super().defaults(), "kept": self.kept, "selection": self.selection}
 
+    def info(self) -> dict[str, Any]:
+        from solrl.precision import runnable_backends
+
+        return {**super().info(), "available_precisions": runnable_backends(), "proxy": self.hot.current().label}
+
+    def proxy_precision(self, backend: str, policy: str = "", fields: Mapping[str, str] = FIELDS
+                        ) -> tuple[PrecisionConfig, str]:
+        """The serving precision of a requested proxy (backend + per-layer policy, the model's own skips
+        included) and its label; errors name the request field."""
+        from solrl.precision import available_backends
+        from solrl.precision.policy import POLICIES, policy_config
+
+        f = {**FIELDS, **fields}
+        if backend not in available_backends():
+            raise ValueError(f"{f['precision']}: unknown precision {backend!r}; this explorer serves "
+                             f"{available_backends()}")
+        policy = policy or "reference"
+        if policy not in POLICIES:
+            raise ValueError(f"{f['policy']}: unknown precision policy {policy!r}; available: {sorted(POLICIES)}")
+        label = backend if policy == "reference" else f"{backend}/{policy}"
+        return policy_config(backend, policy, self.model.spec), label
+
     # ------------------------------------------------------------------ exploring
 
     def explore(self, prompts: Sequence[str], seeds: Sequence[Sequence[int]] | None = None, *,
                 n: int | None = None, steps: int | None = None, kept: int | None = None,
                 selection: str | None = None, sampler: SamplerSpec | None = None, min_version: int = 0,
-                fields: Mapping[str, str] = FIELDS) -> ExploreOutcome:
+                precision: str = "", policy: str = "", fields: Mapping[str, str] = FIELDS) -> ExploreOutcome:
         """Sample each prompt's seed pool (given, or `n` fresh random seeds), score, keep `kept` per prompt.
 
+        `precision` (and its per-layer `policy`): the proxy to sample with (the adaptive proxy); the explorer
+        switches to it and keeps serving it. Empty: whatever it serves now (its own until asked otherwise).
         Errors name the request field (`fields` maps argument names to the caller's field names).
         """
         f = {**FIELDS, **fields}
@@ -148,11 +178,15 @@ class ExplorerDataPlane(RolloutPlane):
             raise ValueError(f"{f['kept']} must be even for best_worst selection, got {k}")
         min_version = check_int(min_version, f["min_version"], 0, 2**63 - 1)
         sampler = self.sampler if sampler is None else sampler
-        serving = self.hot.acquire(min_version, self.version_wait_s)  # this call's copy, whatever is pushed later
+        wanted, label = self.proxy_precision(precision, policy, f) if precision else (None, None)
+        try:  # this call's copy, whatever is pushed later
+            serving = self.hot.acquire(min_version, self.version_wait_s, wanted, label)
+        except (ImportError, RuntimeError) as exc:  # a backend this machine cannot run (e.g. TE without CUDA)
+            raise ValueError(f"{f['precision']}: {precision!r} cannot run on this explorer: {exc}") from None
         result = explore(self.model, serving.module, prompts, pools, steps, sampler, self.scorer, k, selection,
                          selection_generator(pools), self.micro_batch, self.cache)
         return ExploreOutcome(result.seeds, np.asarray(result.scores, dtype=np.float32), result.kept,
-                              serving.version, serving.sha256, result.forwards)
+                              serving.version, serving.sha256, result.forwards, serving.label)
 
     # ------------------------------------------------------------------ the KServe v2 model "explore"
 

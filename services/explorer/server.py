@@ -46,6 +46,7 @@ from services.common.rollout_shell import (
 from services.common.tensors import DEFAULT_MAX_TENSOR_BYTES
 from services.common.workers import add_consumer_arguments
 from services.explorer.dataplane import (
+    JOB_FIELDS,
     OPTIONAL_INPUTS,
     ExplorerDataPlane,
     resolve_sampler,
@@ -59,8 +60,6 @@ from solrl.precision import PrecisionConfig
 DEFAULT_GRPC_PORT = 8011
 DEFAULT_HTTP_PORT = 8091
 SERVER_NAME = "solrl-explorer"
-JOB_FIELDS = {"prompts": "job.prompt", "seeds": "job.seeds", "n": "n", "steps": "job.steps", "kept": "job.kept",
-              "selection": "job.selection", "min_version": "job.min_adapter_version"}
 
 
 class ExplorerServicer(explorer_pb2_grpc.ExplorerServicer):
@@ -78,12 +77,13 @@ class ExplorerServicer(explorer_pb2_grpc.ExplorerServicer):
                                   field="job.sampler")
         out = self.plane.explore([job.prompt], [list(job.seeds)] if job.seeds else None, n=request.n or None,
                                  steps=job.steps or None, kept=job.kept or None, selection=job.selection or None,
-                                 sampler=sampler, min_version=job.min_adapter_version, fields=JOB_FIELDS)
+                                 sampler=sampler, min_version=job.min_adapter_version, precision=job.precision,
+                                 policy=job.precision_policy, fields=JOB_FIELDS)
         selection = common_pb2.SeedSelection(
             job_id=job.job_id, prompt=job.prompt, seeds=out.seeds[0], proxy_scores=out.scores[0].tolist(),
             kept_indices=out.kept[0], adapter_version=common_pb2.AdapterVersion(version=out.version, sha256=out.sha256),
             sampler=common_pb2.SamplerSpec(solver=sampler.solver, steps=job.sampler.steps, shift=sampler.shift,
-                                           guidance=sampler.guidance))
+                                           guidance=sampler.guidance), proxy=out.proxy)
         return explorer_pb2.ExploreResponse(selection=selection)
 
     def Info(self, request: explorer_pb2.InfoRequest, context: grpc.ServicerContext) -> explorer_pb2.InfoResponse:
@@ -92,7 +92,8 @@ class ExplorerServicer(explorer_pb2_grpc.ExplorerServicer):
             model=info["model"], precision=info["precision"], reward=info["reward"],
             base_precision=info["base_precision"], model_path=info["model_path"],
             adapter_version=common_pb2.AdapterVersion(version=info["adapter_version"], sha256=info["adapter_sha256"]),
-            resident_weight_bytes=info["resident_weight_bytes"])
+            resident_weight_bytes=info["resident_weight_bytes"],
+            available_precisions=info["available_precisions"])
 
     def LoadAdapter(self, request: explorer_pb2.LoadAdapterRequest,
                     context: grpc.ServicerContext) -> explorer_pb2.LoadAdapterResponse:

@@ -190,6 +190,16 @@ def worker_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> lis
               ("reward", info.reward, cfg.reward, "reward")]
     out = [f"{role} {address} serves {what} {got!r}, the run has {key}={want!r}"
            for what, got, want, key in checks if got != want]
+    if role == "explorer" and want_precision == "auto":
+        # the adaptive proxy names the precision in each job: the explorer must be able to build every candidate
+        from solrl.proxy import parse_candidate
+
+        available = set(getattr(info, "available_precisions", ()))
+        missing = sorted({c.backend for c in map(parse_candidate, r.proxy.candidates)} - available)
+        if missing:
+            out.append(f"{role} {address} cannot serve the adaptive proxy's candidate precision(s) {missing} "
+                       f"(rollout.proxy.candidates); it serves {sorted(available)}")
+        return out
     # an emulated backend and its kernel compute the same format: the trainer cannot tell a CPU test bed from a
     # GPU node by config alone
     if not same_format(info.precision, want_precision):

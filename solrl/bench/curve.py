@@ -11,6 +11,12 @@ FP8 and 1/4 in FP4 for the share of its multiply-accumulates that the low-precis
 trainable forward and its backward (backward = 2 forwards), 5 in all (4 without the KL reference).
 Wall-clock on CPU counts emulated low precision, which costs more than BF16 here.
 
+`modes` picks the modes to train (default the paper's four); `sol_rl_auto` is sol_rl with the adaptive proxy
+(rollout.explore_precision.backend=auto, its default rollout.proxy settings): each epoch's explore forwards are
+priced at the format of the candidate it explored with, and each calibration's sampling (the BF16 reference at
+full steps plus every candidate) is added to the cost. `compare` reads the modes of an earlier result with the
+same settings, so a new mode is set beside runs that were already measured.
+
 `reward` trains on another reward (results `curve-<reward>`); `eval_reward` defaults to the exact
 `shapes` reward for shapes-world rewards (so a run trained on `shapes_dense` is still judged exactly).
 """
@@ -29,8 +35,13 @@ from solrl.bench.common import write_results
 from solrl.config import apply_overrides, get_preset
 from solrl.loop import train
 
-PRESETS = {"sol_rl": "shapes-sol-rl", "diffusion_nft": "shapes-diffusion-nft",
-           "naive_scaling": "shapes-naive-scaling", "naive_quant": "shapes-naive-quant"}
+PAPER_MODES = ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant")
+# mode -> (preset, settings added to the preset's)
+MODES: dict[str, tuple[str, list[str]]] = {
+    "sol_rl": ("shapes-sol-rl", []), "diffusion_nft": ("shapes-diffusion-nft", []),
+    "naive_scaling": ("shapes-naive-scaling", []), "naive_quant": ("shapes-naive-quant", []),
+    "sol_rl_auto": ("shapes-sol-rl", ["rollout.explore_precision.backend=auto"]),
+}
 
 
 def forward_cost(backend: str, quantized_share: float = 1.0) -> float:
@@ -63,14 +74,32 @@ def explore_share(cfg) -> float:
                                lambda: model.velocity(model.transformer, x, torch.tensor([0.5]), cond))
 
 
-def epoch_cost(rec: dict[str, Any], cfg, share: float = 1.0) -> float:
+def epoch_cost(rec: dict[str, Any], cfg, share: float = 1.0, proxy_shares: dict[str, float] | None = None) -> float:
     """BF16-forward equivalents of one epoch's rollouts and training (see the module doc); `share`: the explore
-    forward's quantized share (explore_share)."""
-    explore = rec.get("forwards_explore", 0) * forward_cost(cfg.rollout.explore_precision.backend, share)
+    forward's quantized share (explore_share). An adaptive-proxy epoch (`explore.proxy` in its record) is priced at
+    its candidate's format and quantized share (`proxy_shares`, from the run's calibrations)."""
+    backend = cfg.rollout.explore_precision.backend
+    if "explore.proxy" in rec:
+        from solrl.proxy import parse_candidate
+
+        backend, share = parse_candidate(rec["explore.proxy"]).backend, (proxy_shares or {})[rec["explore.proxy"]]
+    explore = rec.get("forwards_explore", 0) * forward_cost(backend, share)
     regen = rec.get("forwards_regenerate", 0) * forward_cost(cfg.rollout.precision.backend)
     per_pair = 5.0 if cfg.train.kl_beta > 0 else 4.0
     k = timestep_count(cfg.rollout.steps, cfg.train.timestep_fraction)
     return explore + regen + rec.get("train.samples", 0) * k * per_pair
+
+
+def calibration_cost(cal: dict[str, Any]) -> float:
+    """BF16-forward equivalents of one adaptive-proxy calibration: every calibration seed sampled by the BF16
+    reference at full steps and by each candidate at its explore steps, priced as the module doc says."""
+    from solrl.proxy import parse_candidate
+
+    n = len(cal["prompts"]) * cal["seeds_per_prompt"]
+    per_seed = cal["reference"]["steps"] + sum(
+        row["steps"] * forward_cost(parse_candidate(row["candidate"]).backend, row["quantized_share"])
+        for row in cal["candidates"])
+    return n * per_seed
 
 
 def interval(values: list[float]) -> tuple[float, float]:
@@ -98,19 +127,33 @@ def one_run(preset: str, sets: list[str], run_dir: Path) -> dict[str, Any]:
         shutil.rmtree(run_dir)
     train(cfg, run_dir, progress=False, log=lambda *_: None)
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    share = explore_share(cfg)
-    clock = cost = 0.0
+    auto = cfg.rollout.explore_precision.backend == "auto"
+    share = 1.0 if auto else explore_share(cfg)
+    cals = json.loads((run_dir / "calibration.json").read_text()) if auto else []
+    proxy_shares = {row["candidate"]: row["quantized_share"] for cal in cals for row in cal["candidates"]}
+    clock = cost = cal_cost = 0.0
     points = []
     for r in recs:
         clock += r.get("time_epoch_s", 0.0)
-        cost += epoch_cost(r, cfg, share) if r["epoch"] > 0 else 0.0
+        cost += epoch_cost(r, cfg, share, proxy_shares) if r["epoch"] > 0 else 0.0
         if "eval.mean_reward" in r:
             points.append({"epoch": r["epoch"], "wall_s": round(clock, 2), "cost_bf16_fwd": round(cost, 1),
                            "reward": r["eval.mean_reward"], "exact_match": r.get("eval.exact_match"),
                            "shape_accuracy": r.get("eval.shape_accuracy")})
+        for cal in cals:  # a calibration after epoch e is paid for by epoch e + 1
+            if cal["epoch"] == r["epoch"]:
+                cost += calibration_cost(cal)
+                cal_cost += calibration_cost(cal)
     result = {"points": points, "train_wall_s": round(clock, 2), "cost_bf16_fwd": round(cost, 1),
               "explore_quantized_share": round(share, 4),
               "cost_per_epoch": round(cost / max(1, recs[-1]["epoch"]), 1)}
+    if auto:
+        result.update({"explore_proxies": [r["explore.proxy"] for r in recs if "explore.proxy" in r],
+                       "calibrations": [{"epoch": c["epoch"], "chosen": c["chosen"], "met_target": c["met_target"],
+                                         "taus": {row["candidate"]: round(row["kendall_tau"], 3)
+                                                  for row in c["candidates"]}} for c in cals],
+                       "switches": [r["proxy.switch"] for r in recs if "proxy.switch" in r],
+                       "calibration_cost_bf16_fwd": round(cal_cost, 1)})
     done.write_text(json.dumps({"preset": preset, "settings": sets, "result": result}, indent=1))
     return result
 
@@ -151,9 +194,14 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0, reward: str | None = None,
         repeats: int | None = None, eval_reward: str | None = None, jobs: int = 1,
-        threads: int = 0) -> dict[str, Any]:
+        threads: int = 0, modes: tuple[str, ...] | None = None, compare: str | None = None) -> dict[str, Any]:
     """`jobs` runs train at once, each on `threads` torch threads (0: the cores shared out between the jobs);
-    runs already finished under `out` with the same settings are reused."""
+    runs already finished under `out` with the same settings are reused. `modes`: which to train (default the
+    paper's four); `compare`: an earlier curve JSON whose modes (same settings) are set beside these."""
+    chosen = tuple(modes or PAPER_MODES)
+    unknown = [m for m in chosen if m not in MODES]
+    if unknown or not chosen:
+        raise ValueError(f"--modes: unknown mode(s) {unknown}; available: {sorted(MODES)}")
     n_epochs = epochs or (2 if small else 12)
     n_runs = repeats or (2 if small else 3)
     every = 1 if small else max(2, n_epochs // 6)
@@ -171,23 +219,43 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     per_run = threads or (max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0)
     if per_run:  # 0: a single job keeps the process's own torch threads
         sets.append(f"threads={per_run}")
-    plan = [(mode, preset, sets + [f"seed={seed + i}"], out / f"{name}_runs" / f"{mode}_seed{seed + i}")
-            for mode, preset in PRESETS.items() for i in range(n_runs)]
+    earlier = _compared(Path(compare), sets, n_epochs, n_runs, seed, chosen) if compare else {}
+    if set(chosen) != set(PAPER_MODES):
+        name += "-" + "-".join(chosen)
+    plan = [(mode, MODES[mode][0], sets + MODES[mode][1] + [f"seed={seed + i}"],
+             out / f"{name}_runs" / f"{mode}_seed{seed + i}") for mode in chosen for i in range(n_runs)]
     results = run_all([p[1:] for p in plan], jobs)
-    modes: dict[str, Any] = {}
-    for mode in PRESETS:
+    modes: dict[str, Any] = dict(earlier)
+    for mode in chosen:
         runs = [r for p, r in zip(plan, results) if p[0] == mode]
         modes[mode] = {"runs": runs, **summarise(runs)}
-    target = modes["diffusion_nft"]["final"]["reward_mean"]
+    target = modes["diffusion_nft"]["final"]["reward_mean"] if "diffusion_nft" in modes else None
     for m in modes.values():
-        hit = next((row for row in m["epochs"] if row["epoch"] > 0 and row["reward_mean"] >= target), None)
+        hit = (next((row for row in m["epochs"] if row["epoch"] > 0 and row["reward_mean"] >= target), None)
+               if target is not None else None)
         m["epochs_to_nft_final"] = hit["epoch"] if hit else None
         m["cost_to_nft_final"] = hit["cost_bf16_fwd"] if hit else None
     result = {"epochs": n_epochs, "eval_every": every, "repeats": n_runs, "seed": seed, "jobs": jobs,
-              "threads_per_run": per_run, "reward": reward or "shapes",
+              "threads_per_run": per_run, "reward": reward or "shapes", "trained_modes": list(chosen),
+              "compared_with": {"file": Path(compare).name, "modes": sorted(earlier)} if compare else None,
               "eval_reward": judge, "settings": sets, "nft_final_reward": target, "claims": claims(modes), "modes": modes}
     plot(modes, out / f"{name}.png", judge)
     return write_results(out, name, result, markdown(result, name))
+
+
+def _compared(path: Path, sets: list[str], epochs: int, repeats: int, seed: int,
+              chosen: tuple[str, ...]) -> dict[str, Any]:
+    """The modes of an earlier curve result, if it was measured with the same settings (else a clear error:
+    runs with other settings are not comparable); modes trained now are not taken from it."""
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--compare: cannot read {path}: {exc}") from None
+    mine = {"settings": sets, "epochs": epochs, "repeats": repeats, "seed": seed}
+    theirs = {k: old.get(k) for k in mine}
+    if theirs != mine:
+        raise ValueError(f"--compare: {path} was measured with other settings: {theirs} (now: {mine})")
+    return {k: v for k, v in old["modes"].items() if k not in chosen}
 
 
 def _overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -197,8 +265,17 @@ def _overlap(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 def claims(modes: dict[str, Any]) -> list[str]:
     """The paper's convergence claims, checked on these runs (intervals: 95% Student-t over run seeds)."""
-    sol, nft, naive, quant = (modes[k] for k in ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant"))
     out = []
+    if "sol_rl" in modes and "sol_rl_auto" in modes:
+        sol, auto = modes["sol_rl"], modes["sol_rl_auto"]
+        ratio = auto["cost_per_epoch"] / sol["cost_per_epoch"]
+        same = _overlap(sol["final"], auto["final"])
+        out.append(f"the adaptive proxy (sol_rl_auto) ends at {auto['final']['reward_mean']:.3f} vs the fixed explorer's "
+                   f"{sol['final']['reward_mean']:.3f} at {ratio:.2f}x its cost per epoch, calibrations included -> "
+                   f"{'same reward within the intervals' if same else 'the intervals are apart'}")
+    if not all(m in modes for m in PAPER_MODES):
+        return out
+    sol, nft, naive, quant = (modes[k] for k in PAPER_MODES)
     s_cost, n_cost = sol["cost_to_nft_final"], nft["cost_to_nft_final"]
     if s_cost is not None and n_cost:
         ratio = s_cost / n_cost
@@ -255,7 +332,9 @@ def _ci(mean: float, half: float | None) -> str:
 
 
 def markdown(r: dict[str, Any], name: str = "curve") -> str:
-    share = r["modes"]["sol_rl"]["runs"][0].get("explore_quantized_share", 1.0)
+    first = next(iter(r["modes"].values()))
+    share = next((m["runs"][0]["explore_quantized_share"] for m in r["modes"].values()
+                  if m["runs"][0].get("explore_quantized_share", 1.0) < 1.0), 1.0)
     lines = ["| mode | reward before | final reward (95% CI) | final exact match | cost / epoch (BF16 fwd eq.) | "
              "CPU wall s | epochs to diffusion_nft's final | cost to reach it |",
              "|---|---|---|---|---|---|---|---|"]
@@ -267,7 +346,12 @@ def markdown(r: dict[str, Any], name: str = "curve") -> str:
         lines.append(f"| {mode} | {m['before']['reward_mean']:.3f} | {_ci(f['reward_mean'], f['reward_ci95'])} | {em} | "
                      f"{m['cost_per_epoch']:.0f} | {m['train_wall_s']:.0f} | {reach if reach is not None else '-'} | "
                      f"{cost} |")
-    epochs = [row["epoch"] for row in r["modes"]["sol_rl"]["epochs"]]
+    held = (f"here they hold {share:.0%}" if share < 1.0 else "") + (
+        (" (the adaptive proxy: its candidate's share, measured in each run)" if share < 1.0 else
+         "the adaptive proxy's candidates: each one's share, measured in each run")
+        if any("explore_proxies" in m["runs"][0] for m in r["modes"].values()) else "")
+    held = held or "here they hold 100%"
+    epochs = [row["epoch"] for row in first["epochs"]]
     per_epoch = ["", "Per evaluated epoch, mean ± 95% interval over run seeds:", "",
                  "| mode | " + " | ".join(map(str, epochs)) + " |", "|---|" + "---|" * len(epochs)]
     for mode, m in r["modes"].items():
@@ -276,8 +360,30 @@ def markdown(r: dict[str, Any], name: str = "curve") -> str:
     return (f"Trained on `{r['reward']}`, evaluated with `{r['eval_reward']}`, "
             f"{r['epochs']} epochs per run, {r['repeats']} run seeds per mode from seed {r['seed']}, held-out "
             f"reward every {r['eval_every']} epochs; plot `{name}.png`. Cost counts the quantized layers of an FP4 forward "
-            f"at 1/4 and of an FP8 one at 1/2 of BF16 (the B200 bound; here they hold {share:.0%} of the explore "
+            f"at 1/4 and of an FP8 one at 1/2 of BF16 (the B200 bound; {held} of the explore "
             f"forward's multiply-accumulates, the rest counts at 1) and a trained (sample, timestep) pair at 5 forwards; CPU wall-clock "
             f"counts emulated FP4, which is slower than BF16 here.\n\n" + "\n".join(lines) + "\n"
-            + "\n".join(per_epoch) + "\n\nThe paper's convergence claims on these runs:\n\n"
+            + "\n".join(per_epoch) + "\n" + _auto_lines(r) + "\nThe claims on these runs (the paper's, where its four modes ran):\n\n"
             + "\n".join(f"- {c}" for c in r["claims"]) + "\n")
+
+
+def _auto_lines(r: dict[str, Any]) -> str:
+    """Where the compared modes come from, and what the adaptive proxy chose in each run that used it."""
+    out = ""
+    if r.get("compared_with"):
+        out += (f"\nModes {', '.join(r['compared_with']['modes'])} are read from `{r['compared_with']['file']}` (the "
+                f"same settings); {', '.join(r['trained_modes'])} trained now.\n")
+    runs = []
+    for mode, m in r["modes"].items():
+        for i, run in enumerate(m["runs"]):
+            if "explore_proxies" not in run:
+                continue
+            used = ", ".join(f"{c} x{run['explore_proxies'].count(c)}" for c in dict.fromkeys(run["explore_proxies"]))
+            cals = "; ".join(f"after epoch {c['epoch']}: {c['chosen']}" + ("" if c["met_target"] else " (none met the target)")
+                             for c in run["calibrations"])
+            switches = "; ".join(f"epoch {s['epoch']}: {s['from']} -> {s['to']}" for s in run["switches"]) or "none"
+            runs.append(f"- {mode}, run seed {r['seed'] + i}: calibrated {cals}; explored with {used} (epochs); "
+                        f"switches: {switches}; calibration cost {run['calibration_cost_bf16_fwd']:.0f} BF16-fwd eq.")
+    if runs:
+        out += "\nThe adaptive proxy's choices:\n\n" + "\n".join(runs) + "\n"
+    return out

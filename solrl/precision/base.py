@@ -80,6 +80,20 @@ def available_backends() -> list[str]:
     return sorted(BACKENDS)
 
 
+def runnable_backends() -> list[str]:
+    """The registered backends this machine can run: those without a machine check (`check_environment`, the
+    Transformer Engine ones: CUDA, compute capability, the package) or whose check passes."""
+    out = []
+    for name in available_backends():
+        backend = build_backend(PrecisionConfig(name))
+        try:
+            getattr(backend, "check_environment", lambda: None)()
+        except RuntimeError:
+            continue
+        out.append(name)
+    return out
+
+
 def build_backend(cfg: PrecisionConfig) -> PrecisionBackend:
     """Instantiate the backend that `cfg.backend` names."""
     if not isinstance(cfg, PrecisionConfig):
