@@ -464,6 +464,10 @@ def test_a_job_naming_a_proxy_switches_the_explorer_to_it(world, served):
     assert_matches(sel, world, 2)
     before = served.stub.Info(explorer_pb2.InfoRequest()).precision
     rpc_error(served.explore, precision="fp3-emu")  # a bad name switches nothing
+    if "nvfp4" not in info.available_precisions:  # Transformer Engine's NVFP4 without a Blackwell GPU
+        err = rpc_error(served.explore, precision="nvfp4")
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.details().startswith("job.precision: 'nvfp4' cannot run on this explorer"), err.details()
     assert served.stub.Info(explorer_pb2.InfoRequest()).precision == before == "nvfp4-emu"
 
 

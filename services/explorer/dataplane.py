@@ -179,10 +179,13 @@ class ExplorerDataPlane(RolloutPlane):
         min_version = check_int(min_version, f["min_version"], 0, 2**63 - 1)
         sampler = self.sampler if sampler is None else sampler
         wanted, label = self.proxy_precision(precision, policy, f) if precision else (None, None)
-        try:  # this call's copy, whatever is pushed later
-            serving = self.hot.acquire(min_version, self.version_wait_s, wanted, label)
-        except (ImportError, RuntimeError) as exc:  # a backend this machine cannot run (e.g. TE without CUDA)
-            raise ValueError(f"{f['precision']}: {precision!r} cannot run on this explorer: {exc}") from None
+        if wanted is not None:
+            try:
+                self.hot.use(wanted, label)
+            except (ImportError, RuntimeError) as exc:  # a backend this machine cannot run (e.g. TE without CUDA)
+                raise ValueError(f"{f['precision']}: {precision!r} cannot run on this explorer: {exc}") from None
+        # this call's copy, whatever is pushed later
+        serving = self.hot.acquire(min_version, self.version_wait_s, wanted, label)
         result = explore(self.model, serving.module, prompts, pools, steps, sampler, self.scorer, k, selection,
                          selection_generator(pools), self.micro_batch, self.cache)
         return ExploreOutcome(result.seeds, np.asarray(result.scores, dtype=np.float32), result.kept,
