@@ -196,6 +196,32 @@ def test_tritonclient_drives_the_explore_model(world, served):
         client.close()
 
 
+def test_the_explore_model_over_kserve_rest(world, served):
+    """The same model through tritonclient.http (the REST door on the ops port): core results, and the
+    statistics count the request."""
+    import tritonclient.http as thttp
+
+    client = thttp.InferenceServerClient(f"127.0.0.1:{served.svc.http.port}")
+    try:
+        assert client.is_server_ready() and client.is_model_ready("explore")
+        assert client.get_server_metadata()["name"] == "solrl-explorer"
+        assert [i["name"] for i in client.get_model_config("explore")["input"] if i.get("optional")] == ["K"]
+        before = client.get_inference_statistics("explore")["model_stats"][0]["inference_count"]
+        inputs = [thttp.InferInput("PROMPTS", [1], "BYTES")]
+        inputs[0].set_data_from_numpy(np.array([b"a red circle"], dtype=object))
+        for name, value in (("N", 3), ("STEPS", 2), ("K", 2)):
+            inputs.append(thttp.InferInput(name, [1], "INT32"))
+            inputs[-1].set_data_from_numpy(np.array([value], dtype=np.int32))
+        res = client.infer("explore", inputs)
+        seeds = res.as_numpy("SEEDS")
+        ref = world.core(0, ["a red circle"], seeds.tolist())
+        np.testing.assert_array_equal(res.as_numpy("SCORES"), ref.scores)
+        assert res.as_numpy("KEPT").tolist() == ref.kept
+        assert client.get_inference_statistics("explore")["model_stats"][0]["inference_count"] == before + 1
+    finally:
+        client.close()
+
+
 def triton_inputs(prompts: list[str], *, n: int, steps: int, k: int | None = None,
                   n_dtype: str = "INT32") -> list[tgrpc.InferInput]:
     p = tgrpc.InferInput("PROMPTS", [len(prompts)], "BYTES")

@@ -290,9 +290,9 @@ def test_internal_errors_are_logged_and_unknown_rpcs_unimplemented(caplog: pytes
                                           prompts=PROMPTS[:1])
             err = rpc_error(reward_pb2_grpc.RewardStub(ch).Score, req)
             assert err.code() == grpc.StatusCode.INTERNAL and "boom" in err.details()
-            stats = rpc_error(service_pb2_grpc.GRPCInferenceServiceStub(ch).ModelStatistics,
-                              service_pb2.ModelStatisticsRequest(name="broken"))
-            assert stats.code() == grpc.StatusCode.UNIMPLEMENTED
+            unload = rpc_error(service_pb2_grpc.GRPCInferenceServiceStub(ch).RepositoryModelUnload,
+                               service_pb2.RepositoryModelUnloadRequest(model_name="broken"))
+            assert unload.code() == grpc.StatusCode.UNIMPLEMENTED  # the models are fixed at start-up
         assert any("Score failed" in r.getMessage() and r.exc_info for r in caplog.records)
         text = metrics.render().decode()
         assert 'code="INTERNAL",method="/solrl.reward.v1.Reward/Score"' in text

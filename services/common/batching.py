@@ -10,13 +10,15 @@ retried alone so that one bad request fails only its own caller.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,12 +29,29 @@ log = logging.getLogger(__name__)
 
 BatchFn = Callable[[np.ndarray, list], np.ndarray]
 
+# seconds the calls made in this context spent waiting in a batcher's queue (a list to add to), for the
+# front door's statistics (Triton's "queue" duration); None: nobody is counting
+_QUEUED: ContextVar[list[float] | None] = ContextVar("solrl_batcher_queued", default=None)
+
+
+@contextlib.contextmanager
+def queue_timer() -> Iterator[list[float]]:
+    """Collect the queue waits of the batcher calls made inside the block (sum them after it)."""
+    waits: list[float] = []
+    token = _QUEUED.set(waits)
+    try:
+        yield waits
+    finally:
+        _QUEUED.reset(token)
+
 
 @dataclass
 class _Request:
     items: np.ndarray                 # [n, ...]
     meta: list                        # n per-item values (e.g. prompts)
     future: Future = field(default_factory=Future)
+    submitted: float = field(default_factory=time.perf_counter)
+    started: float | None = None      # when the call that serves it began
 
 
 class DynamicBatcher:
@@ -63,6 +82,9 @@ class DynamicBatcher:
 
     def submit(self, items: np.ndarray, meta: Sequence) -> Future:
         """Queue one request; the future resolves to fn's results for exactly these items."""
+        return self._enqueue(items, meta).future
+
+    def _enqueue(self, items: np.ndarray, meta: Sequence) -> _Request:
         if not isinstance(items, np.ndarray) or items.ndim < 1:
             raise TypeError(f"items must be a numpy array with a leading batch axis, got {type(items).__name__}")
         if len(meta) != len(items):
@@ -72,11 +94,18 @@ class DynamicBatcher:
             if self._closed.is_set():
                 raise UnavailableError("the batcher is shut down")
             self._queue.put(req)
-        return req.future
+        return req
 
     def __call__(self, items: np.ndarray, meta: Sequence) -> np.ndarray:
-        """Submit and wait for the result (re-raises the call's exception)."""
-        return self.submit(items, meta).result()
+        """Submit and wait for the result (re-raises the call's exception). The wait before the call that
+        serves it began counts as queue time for a surrounding `queue_timer`."""
+        req = self._enqueue(items, meta)
+        try:
+            return req.future.result()
+        finally:
+            waits = _QUEUED.get()
+            if waits is not None:
+                waits.append((req.started or time.perf_counter()) - req.submitted)
 
     def close(self, timeout: float | None = 5.0) -> None:
         """Stop the worker; requests still waiting fail with UnavailableError."""
@@ -119,6 +148,9 @@ class DynamicBatcher:
         items = batch[0].items if len(batch) == 1 else np.concatenate([r.items for r in batch])
         meta = [m for r in batch for m in r.meta]
         t0 = time.perf_counter()
+        for r in batch:
+            if r.started is None:  # a request retried alone keeps its first start
+                r.started = t0
         try:
             out = np.asarray(self.fn(items, meta))
             if out.shape[:1] != (len(items),):

@@ -48,9 +48,11 @@ class RolloutService(RunningService):
 
 def serve(plane: Any, hot: HotSwapModel, metrics: ServiceMetrics,
           build: Callable[[AdapterEndpoint], GrpcServer], *, host: str, http_port: int,
-          adapter_token: str | None, max_adapter_bytes: int) -> RolloutService:
-    """Start `build(adapters)`'s gRPC server and the ops app with /v1/adapter; on failure the
-    plane is closed. Shared by the explorer and the regenerator."""
+          adapter_token: str | None, max_adapter_bytes: int,
+          mount: Callable[[Any], None] | None = None) -> RolloutService:
+    """Start `build(adapters)`'s gRPC server and the ops app with /v1/adapter (and whatever `mount` adds to
+    it: the explorer's KServe REST door); on failure the plane is closed. Shared by the explorer and the
+    regenerator."""
     stopping = threading.Event()
 
     def ready() -> bool:
@@ -66,6 +68,8 @@ def serve(plane: Any, hot: HotSwapModel, metrics: ServiceMetrics,
                              info=lambda: {**plane.info(), "ready": ready(), "grpc_port": grpc_port,
                                            "adapter_loading": adapters.enabled})
         adapters.mount(app)
+        if mount is not None:
+            mount(app)
         http = HttpServer(app, host, http_port)
         server.start()
         http.start()

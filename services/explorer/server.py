@@ -24,17 +24,18 @@ from collections.abc import Mapping, Sequence
 import grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-import solrl
 from services.common.adapter_reload import (
     DEFAULT_MAX_ADAPTER_BYTES,
     AdapterEndpoint,
 )
 from services.common.grpc_server import (
+    DEFAULT_MAX_RECEIVE_BYTES,
     GrpcServer,
     GrpcService,
     build_grpc_server,
     service_name,
 )
+from services.common.kserve_http import mount_kserve_http
 from services.common.lifecycle import run_main
 from services.common.metrics import ServiceMetrics
 from services.common.rollout_shell import (
@@ -104,11 +105,7 @@ class ExplorerServicer(explorer_pb2_grpc.ExplorerServicer):
 
 
 class ExplorerInferenceServicer(InferenceServicer):
-    """The reward service's KServe v2 / Triton servicer, with this server's name and model config."""
-
-    def ServerMetadata(self, request: service_pb2.ServerMetadataRequest,
-                       context: grpc.ServicerContext) -> service_pb2.ServerMetadataResponse:
-        return service_pb2.ServerMetadataResponse(name=SERVER_NAME, version=solrl.__version__)
+    """The reward service's KServe v2 / Triton servicer, with this server's model config."""
 
     def ModelConfig(self, request: service_pb2.ModelConfigRequest,
                     context: grpc.ServicerContext) -> service_pb2.ModelConfigResponse:
@@ -125,14 +122,16 @@ class ExplorerInferenceServicer(InferenceServicer):
 
 def build_server(plane: ExplorerDataPlane, adapters: AdapterEndpoint, *, host: str = "127.0.0.1", port: int = 0,
                  max_workers: int = 16, metrics: ServiceMetrics | None = None,
-                 max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> GrpcServer:
-    """The explorer gRPC server (not started): Explorer + GRPCInferenceService + health + reflection."""
+                 max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
+                 inference: ExplorerInferenceServicer | None = None) -> GrpcServer:
+    """The explorer gRPC server (not started): Explorer + GRPCInferenceService (`inference`, shared with the
+    REST door; default a new one) + health + reflection."""
     return build_grpc_server(
         [GrpcService(service_name(explorer_pb2, "Explorer"), explorer_pb2_grpc.add_ExplorerServicer_to_server,
                      ExplorerServicer(plane, adapters)),
          GrpcService(service_name(service_pb2, "GRPCInferenceService"),
                      service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
-                     ExplorerInferenceServicer(plane, max_tensor_bytes))],
+                     inference or ExplorerInferenceServicer(plane, max_tensor_bytes, SERVER_NAME))],
         host=host, port=port, max_workers=max_workers, metrics=metrics)
 
 
@@ -143,10 +142,13 @@ def start(plane: ExplorerDataPlane, metrics: ServiceMetrics, *, host: str = "127
     """Serve `plane` over gRPC and the ops app over HTTP (ports 0 = any free port).
 
     adapter_token: the bearer token hot reload needs (None: pushes are refused with 403)."""
+    inference = ExplorerInferenceServicer(plane, max_tensor_bytes, SERVER_NAME)
     return serve(plane, plane.hot, metrics,
                  lambda adapters: build_server(plane, adapters, host=host, port=grpc_port, max_workers=max_workers,
-                                                  metrics=metrics, max_tensor_bytes=max_tensor_bytes),
-                 host=host, http_port=http_port, adapter_token=adapter_token, max_adapter_bytes=max_adapter_bytes)
+                                                  metrics=metrics, max_tensor_bytes=max_tensor_bytes,
+                                                  inference=inference),
+                 host=host, http_port=http_port, adapter_token=adapter_token, max_adapter_bytes=max_adapter_bytes,
+                 mount=lambda app: mount_kserve_http(app, inference, max_body_bytes=DEFAULT_MAX_RECEIVE_BYTES))
 
 
 # ---------------------------------------------------------------------- command line

@@ -4,7 +4,8 @@
   inference.GRPCInferenceService    KServe v2 / Triton protocol on tritonclient's generated stubs,
                                     so `tritonclient.grpc.InferenceServerClient` works unchanged
   grpc.health.v1.Health, reflection
-  HTTP: /healthz /readyz /metrics /v1/info
+  HTTP: /healthz /readyz /metrics /v1/info, and KServe v2 REST (/v2/...: services.common.kserve_http) over
+        the same servicer, so `tritonclient.http` and curl work too
 
 Run: `python -m services.reward.server [--rewards shapes,jpeg_compressibility] [--grpc-port N] [--http-port M]`
 (SOLRL_BIND_HOST, SOLRL_GRPC_PORT and SOLRL_HTTP_PORT give the defaults). Each handler converts the
@@ -19,9 +20,11 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 
 import grpc
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 import solrl
@@ -33,7 +36,10 @@ from services.common.grpc_server import (
     build_grpc_server,
     service_name,
 )
-from services.common.kserve import decode_inputs, encode_output
+from services.common.batching import queue_timer
+from services.common.errors import NotFoundError
+from services.common.kserve import InferStats, decode_inputs, encode_output
+from services.common.kserve_http import mount_kserve_http
 from services.common.lifecycle import RunningService, run_main, serve_until_stopped
 from services.common.metrics import ServiceMetrics
 from services.common.ops import HttpServer, create_ops_app
@@ -79,11 +85,18 @@ def _config_type(datatype: str) -> int:
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    """The KServe v2 / Triton inference protocol over the data plane. RPCs not overridden here
-    (streaming, statistics, repository, shared memory, tracing) answer UNIMPLEMENTED."""
+    """The KServe v2 / Triton inference protocol over the data plane, with Triton's statistics and the
+    repository index (the REST door, services.common.kserve_http, calls these same methods). RPCs not
+    overridden here (streaming inference, repository load / unload, shared memory, tracing, logging) answer
+    UNIMPLEMENTED: the models are fixed at start-up and run in this process."""
 
-    def __init__(self, plane: RewardDataPlane, max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> None:
+    EXTENSIONS = ("binary_tensor_data", "statistics", "model_configuration", "model_repository(index)")
+
+    def __init__(self, plane: RewardDataPlane, max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
+                 server_name: str = "") -> None:
         self.plane, self.max_tensor_bytes = plane, max_tensor_bytes
+        self.server_name = server_name or SERVER_NAME
+        self.stats = InferStats()
 
     def ServerLive(self, request: service_pb2.ServerLiveRequest,
                    context: grpc.ServicerContext) -> service_pb2.ServerLiveResponse:
@@ -99,7 +112,27 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     def ServerMetadata(self, request: service_pb2.ServerMetadataRequest,
                        context: grpc.ServicerContext) -> service_pb2.ServerMetadataResponse:
-        return service_pb2.ServerMetadataResponse(name=SERVER_NAME, version=solrl.__version__)
+        return service_pb2.ServerMetadataResponse(name=self.server_name, version=solrl.__version__,
+                                                  extensions=list(self.EXTENSIONS))
+
+    def ModelStatistics(self, request: service_pb2.ModelStatisticsRequest,
+                        context: grpc.ServicerContext) -> service_pb2.ModelStatisticsResponse:
+        names = [self.plane.resolve(request.name, request.version, field="name")] if request.name else self.plane.models
+        return json_format.ParseDict({"model_stats": [self.stats.model_stats(n, request.version or MODEL_VERSION)
+                                                      for n in names]}, service_pb2.ModelStatisticsResponse())
+
+    def RepositoryIndex(self, request: service_pb2.RepositoryIndexRequest,
+                        context: grpc.ServicerContext) -> service_pb2.RepositoryIndexResponse:
+        if request.repository_name:
+            raise NotFoundError(f"repository_name: this server has one unnamed repository, not "
+                                f"{request.repository_name!r}")
+        out = service_pb2.RepositoryIndexResponse()
+        for name in self.plane.models:
+            ready = self.plane.model_ready(name)
+            if ready or not request.ready:
+                out.models.add(name=name, version=MODEL_VERSION, state="READY" if ready else "UNAVAILABLE",
+                               reason="" if ready else "the model's worker is not running")
+        return out
 
     def ModelMetadata(self, request: service_pb2.ModelMetadataRequest,
                       context: grpc.ServicerContext) -> service_pb2.ModelMetadataResponse:
@@ -128,27 +161,41 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         if not request.model_name:
             raise ValueError("model_name: required")
         name = self.plane.resolve(request.model_name, request.model_version)  # NOT_FOUND before decoding
-        inputs = decode_inputs(request, self.max_tensor_bytes)
-        outputs = self.plane.infer(name, inputs, request.model_version, [o.name for o in request.outputs])
-        response = service_pb2.ModelInferResponse(model_name=name, model_version=request.model_version or MODEL_VERSION,
-                                                  id=request.id)
-        for out_name, array in outputs.items():
-            meta, raw = encode_output(out_name, array)
-            response.outputs.append(meta)
-            response.raw_output_contents.append(raw)
+        version = request.model_version or MODEL_VERSION
+        t0 = time.perf_counter_ns()
+        try:
+            inputs = decode_inputs(request, self.max_tensor_bytes)
+            t1 = time.perf_counter_ns()
+            with queue_timer() as waits:
+                outputs = self.plane.infer(name, inputs, request.model_version, [o.name for o in request.outputs])
+            t2 = time.perf_counter_ns()
+            response = service_pb2.ModelInferResponse(model_name=name, model_version=version, id=request.id)
+            for out_name, array in outputs.items():
+                meta, raw = encode_output(out_name, array)
+                response.outputs.append(meta)
+                response.raw_output_contents.append(raw)
+        except BaseException:
+            self.stats.record(name, version, ok=False, total_ns=time.perf_counter_ns() - t0)
+            raise
+        t3 = time.perf_counter_ns()
+        queued = int(sum(waits) * 1e9)
+        self.stats.record(name, version, ok=True, total_ns=t3 - t0, queue_ns=queued, input_ns=t1 - t0,
+                          infer_ns=max(0, t2 - t1 - queued), output_ns=t3 - t2)
         return response
 
 
 def build_server(plane: RewardDataPlane, *, host: str = "127.0.0.1", port: int = 0, max_workers: int = 16,
                  metrics: ServiceMetrics | None = None, max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
-                 max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES) -> GrpcServer:
-    """The reward gRPC server (not started): Reward + GRPCInferenceService + health + reflection."""
+                 max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+                 inference: InferenceServicer | None = None) -> GrpcServer:
+    """The reward gRPC server (not started): Reward + GRPCInferenceService (`inference`, shared with the REST
+    door; default a new one) + health + reflection."""
     return build_grpc_server(
         [GrpcService(service_name(reward_pb2, "Reward"), reward_pb2_grpc.add_RewardServicer_to_server,
                      RewardServicer(plane, max_tensor_bytes)),
          GrpcService(service_name(service_pb2, "GRPCInferenceService"),
                      service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
-                     InferenceServicer(plane, max_tensor_bytes))],
+                     inference or InferenceServicer(plane, max_tensor_bytes))],
         host=host, port=port, max_workers=max_workers, metrics=metrics, max_receive_bytes=max_receive_bytes)
 
 
@@ -167,11 +214,13 @@ def start(plane: RewardDataPlane, metrics: ServiceMetrics, *, host: str = "127.0
     server: GrpcServer | None = None
     http: HttpServer | None = None
     try:
+        inference = InferenceServicer(plane, max_tensor_bytes)
         server = build_server(plane, host=host, port=grpc_port, max_workers=max_workers, metrics=metrics,
-                              max_tensor_bytes=max_tensor_bytes)
+                              max_tensor_bytes=max_tensor_bytes, inference=inference)
         grpc_port = server.port
         app = create_ops_app(metrics=metrics, ready=ready,
                              info=lambda: {**plane.info(), "ready": ready(), "grpc_port": grpc_port})
+        mount_kserve_http(app, inference, max_body_bytes=DEFAULT_MAX_RECEIVE_BYTES)
         http = HttpServer(app, host, http_port)
         server.start()
         http.start()
