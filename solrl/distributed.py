@@ -241,10 +241,12 @@ def _tensor(msg: Any) -> torch.Tensor:
 def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: PushAdapter, *, run_id: str = "run",
                     rollout_timeout_s: float = 600.0, log: Callable[[str], None] = print,
                     on_session: Callable[[RemoteSession], None] = lambda s: None,
-                    resume: bool = False, pickup_timeout_s: float | None = 120.0) -> dict[str, Any]:
+                    resume: bool = False, pickup_timeout_s: float | None = 120.0,
+                    on_record: Callable[[dict[str, Any]], None] = lambda rec: None) -> dict[str, Any]:
     """Train `cfg` for cfg.epochs with rollouts from the queue; writes config.json, metrics.jsonl,
     eval/ and checkpoints/ to `run_dir` as the embedded `solrl.loop.train` does.
-    `on_session` receives the RemoteSession once built (the trainer service reads its status).
+    `on_session` receives the RemoteSession once built (the trainer service reads its status); `on_record` each
+    metrics.jsonl record as it is written (the trainer service's Prometheus gauges).
 
     resume: continue from run_dir's latest checkpoint, as `solrl train --resume` does; the epochs
     after it follow the uninterrupted run (same draws, same rollouts, same update). Every attempt's
@@ -281,21 +283,27 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
         proxy_fields = sess.setup_proxy(run_dir, start, log)  # the adaptive proxy calibrates on this device
         if start == 0:
             st.state = "evaluating"
+            t0 = time.perf_counter()
             base_eval, grids = sess.evaluate()
             _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
-            writer.write({"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0,
-                          **proxy_fields})
+            rec0 = {"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0,
+                    "time_eval_s": time.perf_counter() - t0, **proxy_fields}
+            writer.write(rec0)
+            on_record(rec0)
         for e in range(start, cfg.epochs):
             st.state = "running"
             rec = remote.epoch(e)
             done = e + 1
             if cfg.eval.every and done % cfg.eval.every == 0 or done == cfg.epochs:
                 st.state = "evaluating"
+                t0 = time.perf_counter()
                 ev, grids = sess.evaluate()
                 _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
                 rec["eval.mean_reward"] = ev["mean_reward"]
+                rec["time_eval_s"] = time.perf_counter() - t0
             sess.after_epoch(done, rec, run_dir, log)
             writer.write(rec)
+            on_record(rec)
             st.history.append(rec)
             if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):
                 save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version)

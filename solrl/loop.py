@@ -325,10 +325,12 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     t_run = time.perf_counter()
     proxy_fields = sess.setup_proxy(run_dir, start, log)
     if start == 0:
+        t0 = time.perf_counter()
         base_eval, grids = sess.evaluate()
         _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
         writer.write({"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0,
-                      **{f"eval.{k}": v for k, v in summary_metrics(base_eval).items()}, **proxy_fields})
+                      **{f"eval.{k}": v for k, v in summary_metrics(base_eval).items()}, **proxy_fields,
+                      "time_eval_s": time.perf_counter() - t0})
         log(f"held-out reward before training (EMA = base): {base_eval['mean_reward']:.4f}")
     bar = tqdm(range(start, cfg.epochs), desc=cfg.name, disable=not progress, unit="epoch")
     for e in bar:
@@ -336,9 +338,10 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         done = e + 1
         if cfg.eval.every and done % cfg.eval.every == 0 or done == cfg.epochs:
             bar.set_description(f"{cfg.name} epoch {done} eval")
+            t0 = time.perf_counter()
             ev, grids = sess.evaluate()
             _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
-            rec.update({"eval.mean_reward": ev["mean_reward"],
+            rec.update({"eval.mean_reward": ev["mean_reward"], "time_eval_s": time.perf_counter() - t0,
                         **{f"eval.{k}": v for k, v in summary_metrics(ev).items()}})
         sess.after_epoch(done, rec, run_dir, log)
         writer.write(rec)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from services.common.metrics import ServiceMetrics, TrainingMetrics
 from services.common.workers import explorer_worker, regenerate_handler, regenerator_worker
 from services.explorer.dataplane import ExplorerDataPlane
 from services.regenerator.dataplane import RegeneratorDataPlane
@@ -106,8 +107,11 @@ def test_distributed_run_matches_the_embedded_loop(model_dir, queue, tmp_path):
     try:
         t0 = time.monotonic()
         sessions = []
+        metrics = ServiceMetrics("trainer")  # what the trainer service exports on /metrics
+        training = TrainingMetrics(metrics, "t1", cfg.epochs)
+        training.watch_queue([STREAM_EXPLORE, STREAM_ROLLOUTS], queue.length)
         summary = run_distributed(cfg, tmp_path / "dist", queue, push, run_id="t1", rollout_timeout_s=120,
-                                  log=lambda s: None, on_session=sessions.append)
+                                  log=lambda s: None, on_session=sessions.append, on_record=training.observe_epoch)
         elapsed = time.monotonic() - t0
     finally:
         for w in workers:
@@ -119,6 +123,19 @@ def test_distributed_run_matches_the_embedded_loop(model_dir, queue, tmp_path):
     status = trainer_status(sessions[0])
     assert (status.run_id, status.state, status.epoch, status.adapter_version.version) == ("t1", "finished", 2, 2)
     assert status.rollouts_consumed == 8 and status.optimizer_step == sessions[0].sess.trainer.global_step > 0
+
+    # the Prometheus series are the run's own numbers
+    recs = read_metrics(tmp_path / "dist" / "metrics.jsonl")
+    series = scrape(metrics)
+    assert series[("solrl_train_epoch", (("run", "t1"),))] == 2 == series[("solrl_train_epochs", (("run", "t1"),))]
+    assert series[("solrl_train_adapter_version", (("run", "t1"),))] == 2
+    assert series[("solrl_train_reward", (("kind", "rollout"), ("run", "t1")))] == pytest.approx(recs[-1]["rollout.reward_mean"])
+    assert series[("solrl_train_reward", (("kind", "heldout"), ("run", "t1")))] == pytest.approx(recs[-1]["eval.mean_reward"])
+    assert series[("solrl_train_loss", (("run", "t1"),))] == pytest.approx(recs[-1]["train.loss"])
+    assert series[("solrl_train_stage_seconds_count", (("run", "t1"), ("stage", "train")))] == 2
+    assert series[("solrl_train_stage_seconds_count", (("run", "t1"), ("stage", "eval")))] == 2  # base + final
+    assert series[("solrl_queue_depth", (("stream", STREAM_ROLLOUTS),))] == queue.length(STREAM_ROLLOUTS)
+    assert any(name == "process_resident_memory_bytes" for name, _ in series)
 
     # the embedded loop, same config and seed
     emb = Session.build(cfg)
@@ -141,6 +158,33 @@ def test_distributed_run_matches_the_embedded_loop(model_dir, queue, tmp_path):
         assert moved > 0  # training changed the adapter, so the comparison means something
         worst = max((a[k] - b[k]).abs().max().item() for k in a)
         assert worst <= 1e-3 * moved, (name, worst, moved)  # merged vs unmerged LoRA rounding only
+
+
+def scrape(metrics) -> dict:
+    """(sample name, sorted labels) -> value, parsed from the Prometheus text exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(metrics.render().decode()) for s in fam.samples}
+
+
+def test_the_grafana_dashboard_reads_series_the_services_export():
+    """Every metric a panel of k8s/components/grafana queries is one the trainer or a rollout service exports."""
+    import re
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    dash = json.loads((Path(__file__).parents[1] / "k8s/components/grafana/solrl-training.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    wanted = {m for e in exprs for m in re.findall(r"\b((?:solrl|process|python)_[a-z_]+)", e)}
+    metrics = ServiceMetrics("trainer")
+    TrainingMetrics(metrics, "r", 1)
+    exported = set()
+    for fam in text_string_to_metric_families(metrics.render().decode()):
+        exported.add(fam.name)
+        exported.update({fam.name + s for s in ("_total", "_bucket", "_sum", "_count", "_created")})
+    assert wanted and wanted <= exported, wanted - exported
+    assert dash["templating"]["list"][1]["query"] == "label_values(solrl_train_epochs, run)"
 
 
 def trainer_status(remote):

@@ -46,7 +46,7 @@ from services.common.grpc_server import (
     service_name,
 )
 from services.common.lifecycle import run_main, stop_on_signals
-from services.common.metrics import ServiceMetrics
+from services.common.metrics import ServiceMetrics, TrainingMetrics
 from services.common.ops import HttpServer, create_ops_app
 from services.common.workers import (
     DEFAULT_NAMESPACE,
@@ -55,7 +55,7 @@ from services.common.workers import (
 )
 from solrl.checkpoint import latest_checkpoint
 from solrl.config import ConfigError, RunConfig, resolve_run
-from solrl.distributed import RemoteSession, run_distributed
+from solrl.distributed import PIPELINE, RemoteSession, run_distributed
 from solrl.precision.base import same_format
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
@@ -178,6 +178,22 @@ class AdapterPusher:
     def close(self) -> None:
         for c in self._channels.values():
             c.close()
+
+
+def counted_push(pusher: AdapterPusher, training: TrainingMetrics) -> Callable[[bytes, int, str], None]:
+    """`pusher` with each push's outcome counted in solrl_train_adapter_pushes (ok, failed, dropped)."""
+    def push(data: bytes, version: int, sha256: str) -> None:
+        before = len(pusher.dropped)
+        try:
+            pusher(data, version, sha256)
+        except Exception:
+            training.observe_push("failed")
+            raise
+        training.observe_push("ok")
+        for _ in pusher.dropped[before:]:
+            training.observe_push("dropped")
+
+    return push
 
 
 def worker_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> list[str]:
@@ -350,6 +366,8 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
                            parse_addrs(args.regenerator_addrs, "--regenerator-addrs"), token)
     queue = build_queue(args.redis_url, QueueConfig(namespace=args.namespace))
     metrics = ServiceMetrics("trainer")
+    training = TrainingMetrics(metrics, run_id, cfg.epochs)
+    training.watch_queue([stream for stream, _ in PIPELINE], queue.length)
     servicer = TrainerServicer(run_id)
     stop = stop or threading.Event()
     server = build_grpc_server([GrpcService(service_name(trainer_pb2, "Trainer"),
@@ -375,9 +393,10 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
             for w in check_workers(pusher, cfg, args.workers_timeout_s, version):
                 say(f"{w['role']} {w['address']}: {w['model']} {w['precision']} (base {w['base_precision']}), "
                     f"reward {w['reward']}, adapter version {w['adapter_version']}")
-            run_distributed(cfg, run_dir, queue, pusher, run_id=run_id, rollout_timeout_s=args.rollout_timeout_s,
-                            log=say, on_session=lambda remote: setattr(servicer, "remote", remote),
-                            resume=resume, pickup_timeout_s=args.pickup_timeout_s)
+            run_distributed(cfg, run_dir, queue, counted_push(pusher, training), run_id=run_id,
+                            rollout_timeout_s=args.rollout_timeout_s, log=say,
+                            on_session=lambda remote: setattr(servicer, "remote", remote),
+                            resume=resume, pickup_timeout_s=args.pickup_timeout_s, on_record=training.observe_epoch)
         except Exception:
             servicer.failed = True
             log.exception("the run failed")
