@@ -172,6 +172,9 @@ def test_solrl_up_runs_two_epochs_and_shuts_down_cleanly(tmp_path):
     for role in ("reward", "explorer", "regenerator", "trainer"):
         assert re.search(rf"^\s*up \| {role} ready$", log, re.MULTILINE), role
     assert re.search(r"^\s*trainer \| solrl trainer: epoch 2/2", log, re.MULTILINE)
+    # the run's end says where the run is and what the final evaluation gave
+    assert re.search(r"^\s*trainer \| solrl trainer: finished 2 epochs \(adapter version 2\): held-out reward "
+                     rf"[-0-9.]+ -> [-0-9.]+; run directory {re.escape(str(tmp_path / 'run'))} ", log, re.MULTILINE)
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     metrics = metrics[:3]  # the first run's (the resumed run appended epoch 3)
     assert [m["epoch"] for m in metrics] == [0, 1, 2] and [m["adapter_version"] for m in metrics[1:]] == [0, 1]

@@ -393,10 +393,15 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
             for w in check_workers(pusher, cfg, args.workers_timeout_s, version):
                 say(f"{w['role']} {w['address']}: {w['model']} {w['precision']} (base {w['base_precision']}), "
                     f"reward {w['reward']}, adapter version {w['adapter_version']}")
-            run_distributed(cfg, run_dir, queue, counted_push(pusher, training), run_id=run_id,
+            summary = run_distributed(cfg, run_dir, queue, counted_push(pusher, training), run_id=run_id,
                             rollout_timeout_s=args.rollout_timeout_s, log=say,
                             on_session=lambda remote: setattr(servicer, "remote", remote),
                             resume=resume, pickup_timeout_s=args.pickup_timeout_s, on_record=training.observe_epoch)
+            before, after = summary["eval_before"], summary["eval_after"]
+            held = (f"held-out reward {before:.4f} -> {after:.4f}" if before is not None and after is not None else
+                    f"held-out reward {after:.4f}" if after is not None else "no held-out evaluation")
+            say(f"finished {summary['epochs']} epochs (adapter version {summary['adapter_version']}): {held}; "
+                f"run directory {run_dir} (metrics.jsonl, eval/, checkpoints/, adapter_ema.safetensors)")
         except Exception:
             servicer.failed = True
             log.exception("the run failed")
