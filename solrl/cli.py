@@ -71,6 +71,28 @@ def cmd_eval(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(a: argparse.Namespace) -> int:
+    """Serve RUN_DIR's dashboard until Ctrl-C / SIGTERM; the page re-reads the directory while a run writes it."""
+    import threading
+
+    from services.common.lifecycle import stop_on_signals
+    from services.common.ops import HttpServer
+    from solrl.dashboard import create_app
+
+    run_dir = Path(a.run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run directory")
+    http = HttpServer(create_app(run_dir), a.host, a.port)
+    stop = threading.Event()
+    with stop_on_signals(stop):
+        http.start()
+        print(f"solrl dashboard: http://{http.host}:{http.port}/dashboard  ({run_dir})", flush=True)
+        while not stop.wait(0.5):
+            pass
+        http.stop()
+    return 0
+
+
 def cmd_calibrate(a: argparse.Namespace) -> int:
     """Measure the candidate proxies of `rollout.proxy` on the preset's base model (or a run's checkpoint) and
     say which one a run with rollout.explore_precision.backend=auto would explore with."""
@@ -306,6 +328,13 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="e.g. rollout.proxy.device=h100, rollout.proxy.target=0.6, "
                         "'rollout.proxy.candidates=[\"fp8-e4m3-emu@4\",\"bf16@6\"]'")
     c.set_defaults(fn=cmd_calibrate)
+
+    d = sub.add_parser("dashboard", help="serve the live dashboard of a run directory (reward curves, proxy "
+                                         "agreement, stage times, the latest evaluation grid, the config)")
+    d.add_argument("run_dir", help="a run directory (solrl train --out, or the trainer service's)")
+    d.add_argument("--host", default="127.0.0.1", help="bind address")
+    d.add_argument("--port", type=int, default=8094, help="HTTP port (0: any free port)")
+    d.set_defaults(fn=cmd_dashboard)
 
     s = sub.add_parser("shapes", help="the shapes world")
     ssub = s.add_subparsers(dest="shapes_cmd", required=True)

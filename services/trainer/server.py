@@ -55,6 +55,7 @@ from services.common.workers import (
 )
 from solrl.checkpoint import latest_checkpoint
 from solrl.config import ConfigError, RunConfig, resolve_run
+from solrl.dashboard import mount_dashboard
 from solrl.distributed import PIPELINE, RemoteSession, run_distributed
 from solrl.precision.base import same_format
 from solrl.pb.solrl.common.v1 import common_pb2
@@ -382,6 +383,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
 
     app = create_ops_app(metrics=metrics, ready=lambda: not stop.is_set(), info=info)
     mount_current_adapter(app, pusher, token)
+    mount_dashboard(app, run_dir)  # the live run dashboard at /dashboard
     http = HttpServer(app, args.host, args.http_port)
     outcome = {"rc": 0}
 
