@@ -127,6 +127,8 @@ class RunConfig:
     reward: str = "shapes"
     checkpoint_every: int = 1
     tensorboard: bool = True
+    wandb: str = ""                     # Weights & Biases logging: "" (off), "offline" or "online" (extra: wandb)
+    wandb_project: str = "solrl"
     threads: int = 0                    # torch threads; 0 = leave torch's default
     model: ModelConfig = field(default_factory=ModelConfig)
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
@@ -141,6 +143,13 @@ class RunConfig:
         r, t = self.rollout, self.train
         if self.epochs < 0 or self.seed < 0:
             raise ConfigError(f"epochs and seed must be >= 0, got epochs={self.epochs}, seed={self.seed}")
+        if self.wandb not in ("", "offline", "online"):
+            raise ConfigError(f"wandb must be '' (off), 'offline' or 'online', got {self.wandb!r}")
+        if self.wandb:
+            import importlib.util
+
+            if importlib.util.find_spec("wandb") is None:
+                raise ConfigError(f"wandb={self.wandb!r} needs the wandb package: pip install 'solrl[wandb]'")
         for name in ("prompts_per_epoch", "pool", "kept", "explore_steps", "steps", "micro_batch"):
             if getattr(r, name) <= 0:
                 raise ConfigError(f"rollout.{name} must be positive, got {getattr(r, name)}")

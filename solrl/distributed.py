@@ -278,7 +278,9 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
     base_eval: dict[str, Any] | None = None
     try:
         cfg.save(run_dir / "config.json")
-        writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else -1)
+        writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else -1,
+                               wandb=cfg.wandb, wandb_run={"project": cfg.wandb_project, "name": run_dir.name,
+                                                           "config": cfg.to_dict()})
         (run_dir / "eval").mkdir(exist_ok=True)
         proxy_fields = sess.setup_proxy(run_dir, start, log)  # the adaptive proxy calibrates on this device
         if start == 0:

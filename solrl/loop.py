@@ -320,7 +320,9 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         start, sess.trainer.global_step, sess.version = state["epoch"], state["global_step"], state["adapter_version"]
         log(f"resuming {run_dir} after epoch {start}")
     cfg.save(run_dir / "config.json")
-    writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else None)
+    writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else None,
+                           wandb=cfg.wandb, wandb_run={"project": cfg.wandb_project, "name": run_dir.name,
+                                                       "config": cfg.to_dict()})
     (run_dir / "eval").mkdir(exist_ok=True)
     t_run = time.perf_counter()
     proxy_fields = sess.setup_proxy(run_dir, start, log)

@@ -15,9 +15,11 @@ TIMING_PREFIXES = ("time_", "wall_", "elapsed")
 
 
 class MetricsWriter:
-    """Appends one JSON object per epoch to metrics.jsonl and mirrors scalars to TensorBoard."""
+    """Appends one JSON object per epoch to metrics.jsonl and mirrors scalars to TensorBoard, and to Weights &
+    Biases when `wandb` is "offline" or "online" (`wandb_run`: project, run name and config of that run)."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, truncate_after_epoch: int | None = None) -> None:
+    def __init__(self, run_dir: Path, tensorboard: bool = True, truncate_after_epoch: int | None = None,
+                 wandb: str = "", wandb_run: dict[str, Any] | None = None) -> None:
         self.path = run_dir / "metrics.jsonl"
         if truncate_after_epoch is not None and self.path.exists():
             # On resume, keep only the epochs the checkpoint already covers.
@@ -29,6 +31,8 @@ class MetricsWriter:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self._wb = _wandb_run(run_dir, wandb, wandb_run or {}, resumed=truncate_after_epoch not in (None, -1)) \
+            if wandb else None
 
     def write(self, record: dict[str, Any]) -> None:
         # strict JSON: a non-finite value (e.g. Kendall tau of a constant ranking) is written as null
@@ -41,14 +45,39 @@ class MetricsWriter:
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch":
                     self._tb.add_scalar(k.replace(".", "/"), v, step)
             self._tb.flush()
+        if self._wb is not None:
+            self._wb.log({k: v for k, v in record.items()
+                          if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch"},
+                         step=int(record["epoch"]))
 
     def add_image(self, tag: str, image: np.ndarray, step: int) -> None:
         if self._tb is not None:
             self._tb.add_image(tag, image, step, dataformats="HWC")
+        if self._wb is not None:
+            import wandb
+
+            self._wb.log({tag: wandb.Image(image)}, step=step)
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+        if self._wb is not None:
+            self._wb.finish()
+
+
+def _wandb_run(run_dir: Path, mode: str, run: dict[str, Any], resumed: bool):
+    """A Weights & Biases run for `run_dir` (files under RUN_DIR/wandb). Its id is kept in RUN_DIR/wandb_id, so a
+    resumed solrl run continues the same W&B run; step = epoch. Offline runs upload later with `wandb sync`."""
+    import uuid
+
+    import wandb
+
+    id_file = run_dir / "wandb_id"
+    if not (resumed and id_file.exists()):
+        id_file.write_text(uuid.uuid4().hex[:12] + "\n")
+    return wandb.init(project=run.get("project", "solrl"), name=run.get("name"), config=run.get("config"),
+                      dir=str(run_dir), mode=mode, id=id_file.read_text().strip(), resume="allow",
+                      settings=wandb.Settings(silent=True, console="off"))
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
