@@ -18,6 +18,7 @@ BENCHES: dict[str, str] = {
     "curve": "held-out reward against wall-clock for the four modes; time to reach diffusion_nft's final",
     "serve": "services vs embedded epoch time; reward service throughput and latency via tritonclient",
     "denoisers": "shapes denoiser families: pretraining step and 16-seed forward cost, NVFP4-quantized share",
+    "cli": "seconds to answer `solrl --help` and each subcommand's --help, against importing torch",
     "sensitivity": "image error of the low-precision explorer per block and per layer kind (one part quantized at a time)",
 }
 
