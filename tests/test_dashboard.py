@@ -20,6 +20,7 @@ from solrl.config import apply_overrides, get_preset
 from solrl.dashboard import run_state
 
 ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = Path(os.environ.get("SOLRL_TEST_ARTIFACTS", ROOT / "test-artifacts"))  # git-ignored
 TINY = ["epochs=3", "eval.every=1", "tensorboard=false", "rollout.prompts_per_epoch=2", "rollout.pool=6",
         "rollout.kept=4", "eval.prompts=2", "eval.seeds_per_prompt=1", "lora.rank=4", "lora.alpha=8",
         "train.micro_batch=8", "threads=1", "name=dash-test"]
@@ -89,6 +90,9 @@ def test_the_page_follows_a_running_training(tmp_path) -> None:
             legend = page.inner_text("#legend-loss")
             assert f"loss {recs[-1]['train.loss']:.4f}" in legend
             assert page.locator("#chart-stages polyline").count() >= 3  # explore, regenerate, train, eval, sync
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)  # kept for a person to look at
+            assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000
             browser.close()
     finally:
         server.terminate()
