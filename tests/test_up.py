@@ -156,8 +156,27 @@ def test_solrl_up_runs_two_epochs_and_shuts_down_cleanly(tmp_path):
     common = [sys.executable, "-m", "solrl.up", "--redis-url", "redis://127.0.0.1:6379/0", "--namespace", ns,
               "--threads", "1", "--grace-s", "10"]
     cmd = [*common, "--out", str(tmp_path / "run"), *[a for s in sets for a in ("--set", s)]]
+    scraped: dict[str, str] = {}
+
+    def scrape_while_running(line: str) -> None:
+        """Once epoch 1 is logged, read the running trainer's /metrics and its dashboard API."""
+        m = re.search(r"solrl trainer: grpc \S+, http (\S+):(\d+)", line)
+        if m:
+            scraped["url"] = f"http://{m.group(1)}:{m.group(2)}"
+        if "solrl trainer: epoch 1/2" in line and "url" in scraped:
+            import httpx
+
+            scraped["metrics"] = httpx.get(scraped["url"] + "/metrics", timeout=10).text
+            scraped["run"] = httpx.get(scraped["url"] + "/dashboard/api/run", timeout=10).text
+
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)
+        child = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        for line in child.stdout:
+            lines.append(line)
+            scrape_while_running(line)
+        child.wait(240)
+        proc = subprocess.CompletedProcess(cmd, child.returncode, "".join(lines), "")
         # then one more epoch: --resume takes the saved config, --set raises the epoch count
         resumed = subprocess.run([*common, "--resume", str(tmp_path / "run"), "--set", "epochs=3"], cwd=ROOT,
                                  capture_output=True, text=True, timeout=240, check=False)
@@ -172,6 +191,21 @@ def test_solrl_up_runs_two_epochs_and_shuts_down_cleanly(tmp_path):
     for role in ("reward", "explorer", "regenerator", "trainer"):
         assert re.search(rf"^\s*up \| {role} ready$", log, re.MULTILINE), role
     assert re.search(r"^\s*trainer \| solrl trainer: epoch 2/2", log, re.MULTILINE)
+    # the running trainer's /metrics, scraped after epoch 1: the run's series with the run's numbers
+    from prometheus_client.parser import text_string_to_metric_families
+
+    series = {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+              for fam in text_string_to_metric_families(scraped["metrics"]) for smp in fam.samples}
+    run_label = (("run", "run"),)
+    first = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][1]
+    assert series[("solrl_train_epoch", run_label)] == 1 and series[("solrl_train_epochs", run_label)] == 2
+    assert series[("solrl_train_reward", (("kind", "rollout"), ("run", "run")))] == pytest.approx(
+        first["rollout.reward_mean"])
+    assert series[("solrl_train_loss", run_label)] == pytest.approx(first["train.loss"])
+    assert series[("solrl_train_stage_seconds_count", (("run", "run"), ("stage", "rollout")))] == 1
+    assert series[("solrl_train_adapter_pushes_total", (("outcome", "failed"), ("run", "run")))] == 0
+    assert ("solrl_queue_depth", (("stream", "rollouts"),)) in series and ("process_cpu_seconds_total", ()) in series
+    assert [r["epoch"] for r in json.loads(scraped["run"])["records"]][:2] == [0, 1]  # the dashboard's view
     # the run's end says where the run is and what the final evaluation gave
     assert re.search(r"^\s*trainer \| solrl trainer: finished 2 epochs \(adapter version 2\): held-out reward "
                      rf"[-0-9.]+ -> [-0-9.]+; run directory {re.escape(str(tmp_path / 'run'))} ", log, re.MULTILINE)
