@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv protos demo test test-fast test-compose clean
+.PHONY: venv protos demo test test-fast test-compose lint clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -25,7 +25,10 @@ demo: protos
 	rm -rf runs/demo
 	$(BIN)/solrl train --preset shapes-sol-rl --out runs/demo
 
-test: protos
+lint: $(STAMP)
+	$(BIN)/ruff check solrl services tests
+
+test: protos lint
 	$(BIN)/python -m pytest -q
 
 # docker-compose.cpu.yml on a real Docker engine (docker SDK): build, up, 2 epochs + a trainer restart, down

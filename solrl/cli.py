@@ -391,7 +391,8 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--reward", default=None, help="ranking: comma-separated rewards to score with (default shapes); "
                                                   "curve: train on this reward (default: shapes); shapes-world rewards "
                                                   "are evaluated with the exact shapes reward")
-    b.add_argument("--repeats", type=int, default=None, help="curve: training runs (run seeds) per mode (default 3); cli: runs per command (default 5)")
+    b.add_argument("--repeats", type=int, default=None,
+                   help="curve: training runs (run seeds) per mode (default 3); cli: runs per command (default 5)")
     b.add_argument("--jobs", type=int, default=None,
                    help="curve: training runs at once, in separate processes (default 1); with --threads, threads per run, "
                         "else the cores shared out; finished runs under --out are reused")

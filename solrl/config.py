@@ -11,9 +11,10 @@ import json
 import time
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from solrl.precision import PrecisionConfig
 
@@ -139,7 +140,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     # ---------------------------------------------------------------- checks
-    def validate(self) -> "RunConfig":
+    def validate(self) -> RunConfig:
         r, t = self.rollout, self.train
         if self.epochs < 0 or self.seed < 0:
             raise ConfigError(f"epochs and seed must be >= 0, got epochs={self.epochs}, seed={self.seed}")
@@ -220,7 +221,7 @@ class RunConfig:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         if isinstance(data, dict) and "prompt_split" in data and "prompts" not in data:
             # configs written before prompt sets: prompt_split "train" | "all" of the shapes world
             split = data["prompt_split"]
@@ -229,7 +230,7 @@ class RunConfig:
         return _build(cls, data, "")
 
     @classmethod
-    def load(cls, path: str | Path) -> "RunConfig":
+    def load(cls, path: str | Path) -> RunConfig:
         try:
             data = json.loads(Path(path).read_text())
         except json.JSONDecodeError as e:

@@ -72,7 +72,7 @@ class Session:
     local_explorer: bool = True  # False: the explorer services sample (the trainer tells them the proxy)
 
     @classmethod
-    def build(cls, cfg: RunConfig, local_explorer: bool = True) -> "Session":
+    def build(cls, cfg: RunConfig, local_explorer: bool = True) -> Session:
         """local_explorer=False: exploration happens elsewhere (the trainer service), so no
         low-precision inference copy is built (the adaptive proxy still calibrates here, on the trainer's
         device, and names its choice in each ExploreJob)."""

@@ -226,7 +226,8 @@ def format_calibration(cal: dict[str, Any]) -> str:
         cost = "n/a" if c["cost_per_seed"] is None else f"{c['cost_per_seed']:.3f}"
         lines.append(f"  {c['candidate']:<34}{c['kendall_tau']:>7.3f}{c['kept_contrast']:>15.3f}"
                      f"{c['quantized_share']:>11.1%}{cost:>11}  {'yes' if c['meets_target'] else 'no'}")
-    lines.append(f"chosen: {cal['chosen']} ({'the cheapest that meets the target' if cal['met_target'] else 'none meets the target: the best tau'}); "
+    why = "the cheapest that meets the target" if cal["met_target"] else "none meets the target: the best tau"
+    lines.append(f"chosen: {cal['chosen']} ({why}); "
                  f"ladder: {' < '.join(cal['ladder'])}")
     if cal.get("chosen_by_device"):
         lines.append("with the same measurements, " + ", ".join(f"{d} costs would choose {c or 'nothing'}"

@@ -110,7 +110,8 @@ def test_the_trainer_refuses_workers_that_do_not_serve_its_run(explorer):
     try:
         seen = check_workers(pusher, cfg, timeout_s=10)
         assert seen[0]["model"] == "shapes" and seen[0]["precision"] == "nvfp4-emu"
-        other = apply_overrides(get_preset("shapes-sol-rl"), ["reward=jpeg_compressibility", "rollout.explore_precision.backend=fp8-e5m2-emu",
+        other = apply_overrides(get_preset("shapes-sol-rl"), ["reward=jpeg_compressibility",
+                                                              "rollout.explore_precision.backend=fp8-e5m2-emu",
                                       "rollout.precision.backend=fp32"]).validate()
         with pytest.raises(RuntimeError) as err:
             check_workers(pusher, other, timeout_s=10)

@@ -147,7 +147,7 @@ def test_distributed_run_matches_the_embedded_loop(model_dir, queue, tmp_path):
         assert d["train.loss"] == pytest.approx(e["train.loss"], rel=1e-6)
         assert d["proxy_gap"] == pytest.approx(e["proxy_gap"], abs=1e-6)
 
-    from solrl.checkpoint import load_adapters, latest_checkpoint
+    from solrl.checkpoint import latest_checkpoint, load_adapters
 
     dist = Session.build(cfg)
     load_adapters(latest_checkpoint(tmp_path / "dist"), dist.adapters)

@@ -16,7 +16,8 @@ from solrl.rollout import SamplerSpec, generate
 from solrl.telemetry import read_metrics, strip_timings
 
 # jpeg_compressibility gives a random model real reward differences (the shapes reward would be 0 for all).
-TINY = ["reward=jpeg_compressibility", "rollout.prompts_per_epoch=2", "rollout.pool=6", "rollout.kept=4", "rollout.explore_steps=2",
+TINY = ["reward=jpeg_compressibility", "rollout.prompts_per_epoch=2", "rollout.pool=6", "rollout.kept=4",
+        "rollout.explore_steps=2",
         "rollout.steps=3", "train.micro_batch=4", "eval.prompts=3", "eval.seeds_per_prompt=1", "eval.every=0",
         "tensorboard=false", "lora.rank=4", "lora.alpha=8"]
 

@@ -27,7 +27,9 @@ def test_builtin_sets():
     assert set(load_prompt_set("shapes:all")) == set(train) | set(held)
     ocr_train, ocr_test = load_prompt_set("ocr:train"), load_prompt_set("ocr:test")
     assert ocr_train == ocr_prompts("train") and len(ocr_train) > len(ocr_test) > 0
-    quoted = lambda p: p.split('"')[1]
+    def quoted(p: str) -> str:
+        return p.split('"')[1]
+
     assert all(p.count('"') == 2 for p in ocr_train + ocr_test)
     assert not {quoted(p) for p in ocr_train} & {quoted(p) for p in ocr_test}  # held-out texts
     assert set(BUILTIN) >= {"shapes:train", "ocr:test"}

@@ -335,7 +335,8 @@ def imagereward_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
         sd[f"{name}.weight"], sd[f"{name}.bias"] = 1 + torch.randn(n, generator=g) * 0.1, torch.randn(n, generator=g) * 0.05
 
     v = "blip.visual_encoder"
-    sd[f"{v}.cls_token"], sd[f"{v}.pos_embed"] = torch.randn(1, 1, 32, generator=g) * 0.5, torch.randn(1, 17, 32, generator=g) * 0.5
+    sd[f"{v}.cls_token"] = torch.randn(1, 1, 32, generator=g) * 0.5
+    sd[f"{v}.pos_embed"] = torch.randn(1, 17, 32, generator=g) * 0.5
     sd[f"{v}.patch_embed.proj.weight"] = torch.randn(32, 3, 8, 8, generator=g) * 0.1
     sd[f"{v}.patch_embed.proj.bias"] = torch.randn(32, generator=g) * 0.05
     for i in range(2):

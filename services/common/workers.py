@@ -107,7 +107,7 @@ class StreamWorker:
                 log.exception("%s: consuming %s failed", self.group, self.stream)
                 self._stop.wait(1.0)
 
-    def start(self) -> "StreamWorker":
+    def start(self) -> StreamWorker:
         if self._thread is not None:
             raise RuntimeError("worker already started")
         self._thread = threading.Thread(target=self.run, name=f"consume-{self.stream}", daemon=True)

@@ -47,7 +47,8 @@ class RegeneratorDataPlane(RolloutPlane):
 
     `model.transformer` becomes the plain base the adapters are applied to (kept as given; unmerged
     in bf16 / fp32, see HotSwapModel); `lora` pins the
-    layout pushed adapters must have (None: each adapter's own metadata). A request for a newer adapter version than served waits up to
+    layout pushed adapters must have (None: each adapter's own metadata). A request for a newer adapter version
+    than served waits up to
     `version_wait_s`.
     """
 

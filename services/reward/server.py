@@ -28,7 +28,9 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 import solrl
+from services.common.batching import queue_timer
 from services.common.env import Addresses
+from services.common.errors import NotFoundError
 from services.common.grpc_server import (
     DEFAULT_MAX_RECEIVE_BYTES,
     GrpcServer,
@@ -36,8 +38,6 @@ from services.common.grpc_server import (
     build_grpc_server,
     service_name,
 )
-from services.common.batching import queue_timer
-from services.common.errors import NotFoundError
 from services.common.kserve import InferStats, decode_inputs, encode_output
 from services.common.kserve_http import mount_kserve_http
 from services.common.lifecycle import RunningService, run_main, serve_until_stopped

@@ -57,11 +57,11 @@ from solrl.checkpoint import latest_checkpoint
 from solrl.config import ConfigError, RunConfig, resolve_run
 from solrl.dashboard import mount_dashboard
 from solrl.distributed import PIPELINE, RemoteSession, run_distributed
-from solrl.precision.base import same_format
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
 from solrl.pb.solrl.regenerator.v1 import regenerator_pb2, regenerator_pb2_grpc
 from solrl.pb.solrl.trainer.v1 import trainer_pb2, trainer_pb2_grpc
+from solrl.precision.base import same_format
 from solrl.queue import QueueConfig, build_queue
 
 log = logging.getLogger("solrl.services.trainer")
@@ -389,7 +389,9 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
 
     def drive() -> None:
         try:
-            say = lambda s: print(f"solrl trainer: {s}", flush=True)
+            def say(s: str) -> None:
+                print(f"solrl trainer: {s}", flush=True)
+
             ckpt = latest_checkpoint(run_dir) if resume else None
             version = json.loads((ckpt / "state.json").read_text())["adapter_version"] if ckpt else 0
             for w in check_workers(pusher, cfg, args.workers_timeout_s, version):

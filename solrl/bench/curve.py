@@ -7,7 +7,8 @@ epoch, evaluated every few epochs on the same held-out prompts and seeds (evalua
 
 Cost model (B200 bound, as the paper's hardware): a denoiser forward costs 1 in BF16 (or FP32), 1/2 in
 FP8 and 1/4 in FP4 for the share of its multiply-accumulates that the low-precision backend quantizes
-(measured per run: convolutions and layers kept in high precision stay at 1); a training (sample, timestep) pair costs the old and reference forwards plus the
+(measured per run: convolutions and layers kept in high precision stay at 1); a training (sample, timestep) pair
+costs the old and reference forwards plus the
 trainable forward and its backward (backward = 2 forwards), 5 in all (4 without the KL reference).
 Wall-clock on CPU counts emulated low precision, which costs more than BF16 here.
 
@@ -361,9 +362,11 @@ def markdown(r: dict[str, Any], name: str = "curve") -> str:
             f"{r['epochs']} epochs per run, {r['repeats']} run seeds per mode from seed {r['seed']}, held-out "
             f"reward every {r['eval_every']} epochs; plot `{name}.png`. Cost counts the quantized layers of an FP4 forward "
             f"at 1/4 and of an FP8 one at 1/2 of BF16 (the B200 bound; {held} of the explore "
-            f"forward's multiply-accumulates, the rest counts at 1) and a trained (sample, timestep) pair at 5 forwards; CPU wall-clock "
+            f"forward's multiply-accumulates, the rest counts at 1) and a trained (sample, timestep) pair at 5 forwards; "
+            f"CPU wall-clock "
             f"counts emulated FP4, which is slower than BF16 here.\n\n" + "\n".join(lines) + "\n"
-            + "\n".join(per_epoch) + "\n" + _auto_lines(r) + "\nThe claims on these runs (the paper's, where its four modes ran):\n\n"
+            + "\n".join(per_epoch) + "\n" + _auto_lines(r)
+            + "\nThe claims on these runs (the paper's, where its four modes ran):\n\n"
             + "\n".join(f"- {c}" for c in r["claims"]) + "\n")
 
 

@@ -3,7 +3,8 @@
 For P held-out prompts x N seeds, the reference is the exact `shapes` reward of BF16 samples at the
 full rollout steps (the loop's `regenerate` call on every seed); each candidate (precision x explore
 steps) samples the SAME seeds (seed -> noise) through the loop's `explore` call, so forward batching
-and the low-precision copy are the explorer's own, and is scored the same way. Per prompt: Kendall tau-b and Spearman (scipy; prompts
+and the low-precision copy are the explorer's own, and is scored the same way. Per prompt: Kendall tau-b and Spearman
+(scipy; prompts
 where either side is constant have no correlation and are left out of those means, and counted),
 and for k in (4, 8, 12):
   top_k_match               share of the candidate's top-k whose reference reward reaches the

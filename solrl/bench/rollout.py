@@ -65,7 +65,8 @@ def run(out: Path, small: bool = False, prompts: int | None = None, pool: int | 
 def markdown(r: dict[str, Any]) -> str:
     rows = ["| mode | pool -> kept | explore fwd | BF16 fwd | rollout s | epoch s |", "|---|---|---|---|---|---|"]
     for mode, m in r["modes"].items():
-        explore = f"{m['forwards_explore']} ({m['explore_precision']}, {m['explore_steps']} steps)" if m["forwards_explore"] else "0"
+        explore = (f"{m['forwards_explore']} ({m['explore_precision']}, {m['explore_steps']} steps)"
+                   if m["forwards_explore"] else "0")
         rows.append(f"| {mode} | {m['pool']} -> {m['kept']} | {explore} | {m['forwards_regenerate']} | "
                     f"{m['rollout_s']:.2f} | {m['epoch_s']:.2f} |")
     s = r["speedup"]

@@ -2,7 +2,8 @@
 
 On P held-out prompts x N seeds, the reference is the BF16 model at the explore steps; each row quantizes
 only one part of the layers the backend would quantize (one block, or one kind of layer in every block),
-or all of them but one kind (what keeping that kind in BF16 would give), and samples the same seeds. Reported per row: the mean absolute pixel error against the reference (0-255
+or all of them but one kind (what keeping that kind in BF16 would give), and samples the same seeds. Reported per row:
+the mean absolute pixel error against the reference (0-255
 scale), its share of the forward's multiply-accumulates, the error per percent of quantized work, and the
 share of images whose exact reward changes. "all" quantizes every selected layer (what the explorer does).
 """

@@ -393,7 +393,8 @@ def markdown(r: dict[str, Any]) -> str:
                   f"| epoch s | {e['embedded_median_s']:.2f} | {e['services_median_s']:.2f} |", "",
                   f"Settings: `{' '.join(e['settings'])}` on the `shapes-sol-rl` preset."]
     lines += ["", (f"Reward service (own process; `tritonclient.grpc` ModelInfer from one client thread per "
-                   f"concurrent caller, model `shapes`, batches of {w['batch']} images; in process `build_reward('shapes')`: {w['in_process_images_per_s']:.0f} images/s):"), "",
+                   f"concurrent caller, model `shapes`, batches of {w['batch']} images; in process "
+                   f"`build_reward('shapes')`: {w['in_process_images_per_s']:.0f} images/s):"), "",
               "| concurrency | requests | errors | images/s | / in process | p50 ms | p99 ms |", "|---|---|---|---|---|---|---|"]
     for row in w["rows"]:
         lines.append(f"| {row['concurrency']} | {row['requests']} | {row['errors']} | {row['images_per_s']:.0f} | "

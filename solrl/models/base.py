@@ -7,8 +7,8 @@ Conventions: rectified flow, t in [0, 1] with t = 1 pure noise, the denoiser pre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -27,11 +27,11 @@ class Cond:
     def __len__(self) -> int:
         return self.embeds.shape[0]
 
-    def index(self, idx: torch.Tensor | list[int] | slice) -> "Cond":
+    def index(self, idx: torch.Tensor | list[int] | slice) -> Cond:
         return Cond(self.embeds[idx], self.mask[idx], None if self.pooled is None else self.pooled[idx])
 
     @staticmethod
-    def cat(conds: list["Cond"]) -> "Cond":
+    def cat(conds: list[Cond]) -> Cond:
         pooled = [c.pooled for c in conds]
         if any(p is None for p in pooled) and not all(p is None for p in pooled):
             raise ValueError("cannot concatenate Conds with and without a pooled embedding")

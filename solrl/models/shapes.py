@@ -117,7 +117,7 @@ class ShapesModel(T2IModel):
 
     # ---------------------------------------------------------------- building and loading
     @classmethod
-    def random(cls, seed: int = 0, denoiser: str = "pixart", **arch) -> "ShapesModel":
+    def random(cls, seed: int = 0, denoiser: str = "pixart", **arch) -> ShapesModel:
         """Seeded random initialisation (what pretraining starts from); `arch`: transformer_config's
         layers / heads / patch."""
         config = transformer_config(denoiser=denoiser, **arch)
@@ -125,7 +125,7 @@ class ShapesModel(T2IModel):
         return cls(_DENOISER_CLASSES[denoiser](**config), CLIPTextModel(text_encoder_config()))
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "ShapesModel":
+    def load(cls, path: str | Path | None = None) -> ShapesModel:
         """Load from a directory holding transformer/ and text_encoder/ (default: the bundled weights)."""
         path = Path(path) if path is not None else WEIGHTS_DIR
         missing = [d for d in ("transformer", "text_encoder") if not (path / d / "config.json").exists()]

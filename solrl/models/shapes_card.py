@@ -20,7 +20,7 @@ def tracking_curve(path: Path, out: Path) -> list[dict]:
     recs = _records(path, None)
     fig, ax = plt.subplots(figsize=(7, 3.5), dpi=110)
     steps = [r["step"] for r in recs]
-    for i, (split, style) in enumerate((("heldout", "-"), ("train", "--"))):
+    for split, style in (("heldout", "-"), ("train", "--")):
         for j, key in enumerate(("shape_accuracy", "exact_match", "mean_reward")):
             ax.plot(steps, [r[split][key] for r in recs], style, color=f"C{j}", label=f"{key} ({split})")
     ax.set_xlabel("pretraining step")

@@ -192,10 +192,10 @@ class RedisStreamQueue:
                 # Block only when nothing was reclaimed, and at most claim_idle_ms at a time so that
                 # a job a worker abandons meanwhile is reclaimed on the next turn.
                 wait_ms = min(remaining_ms, self.cfg.claim_idle_ms) if not out else 0
-                new = self._call(
-                    lambda: self._redis.xreadgroup(
-                        group, consumer, {key: ">"}, count=count - len(out), block=wait_ms if wait_ms > 0 else None
-                    ),
+                want, block = count - len(out), (wait_ms if wait_ms > 0 else None)
+                new = self._call(  # the call runs now, inside this iteration (the defaults pin it anyway)
+                    lambda want=want, block=block: self._redis.xreadgroup(group, consumer, {key: ">"}, count=want,
+                                                                          block=block),
                     stream, group,
                 )
                 for _, entries in new or []:
@@ -210,7 +210,7 @@ class RedisStreamQueue:
         ids, acked = list(ids), 0
         for start in range(0, max(len(ids), 1), _ACK_CHUNK):  # one call even for no ids: checks the group
             chunk = [group, *ids[start:start + _ACK_CHUNK]]
-            acked += self._call(lambda: self._ack(keys=[self._key(stream)], args=chunk), stream, group)
+            acked += self._call(lambda chunk=chunk: self._ack(keys=[self._key(stream)], args=chunk), stream, group)
         return acked
 
     def pending(self, stream: str, group: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -12,7 +13,6 @@ import torch
 from torch import Tensor
 
 from solrl.sampling.steps import DPMHistory, dpm2_step, euler_step, sde_step_with_logprob
-import itertools
 
 VelocityFn = Callable[[Tensor, Tensor], Tensor]
 """A model seen as v = f(x_BCHW, t_B): predicted velocity (noise - x0) at sigma t_B in [0, 1]."""
