@@ -30,7 +30,7 @@ from services.common.rollout_plane import (  # noqa: F401 (re-exported for calle
     default_sampler,
     resolve_sampler,
 )
-from services.reward.dataplane import MODEL_VERSION, PLATFORM, ModelMetadata, TensorSpec
+from services.kserve.tensors import MODEL_VERSION, PLATFORM, ModelMetadata, TensorSpec
 from solrl.adapters import LoraSpec
 from solrl.algo.selection import SELECTION_MODES
 from solrl.models.base import T2IModel

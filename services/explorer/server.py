@@ -22,7 +22,7 @@ import threading
 from collections.abc import Mapping, Sequence
 
 import grpc
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from services.common.adapter_reload import (
     DEFAULT_MAX_ADAPTER_BYTES,
@@ -35,7 +35,6 @@ from services.common.grpc_server import (
     build_grpc_server,
     service_name,
 )
-from services.common.kserve_http import mount_kserve_http
 from services.common.lifecycle import run_main
 from services.common.metrics import ServiceMetrics
 from services.common.rollout_shell import (
@@ -52,7 +51,8 @@ from services.explorer.dataplane import (
     ExplorerDataPlane,
     resolve_sampler,
 )
-from services.reward.server import InferenceServicer, _config_type
+from services.kserve.grpc import InferenceServicer
+from services.kserve.http import mount_kserve_http
 from solrl.algo.selection import SELECTION_MODES
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
@@ -104,26 +104,15 @@ class ExplorerServicer(explorer_pb2_grpc.ExplorerServicer):
             swap_ms=result.swap_ms)
 
 
-class ExplorerInferenceServicer(InferenceServicer):
-    """The reward service's KServe v2 / Triton servicer, with this server's model config."""
-
-    def ModelConfig(self, request: service_pb2.ModelConfigRequest,
-                    context: grpc.ServicerContext) -> service_pb2.ModelConfigResponse:
-        md = self.plane.metadata(request.name, request.version)
-        # max_batch_size 0: the shapes above already include the batch axis (prompts)
-        config = model_config_pb2.ModelConfig(
-            name=md.name, platform=md.platform, max_batch_size=0,
-            input=[model_config_pb2.ModelInput(name=s.name, data_type=_config_type(s.datatype), dims=list(s.shape),
-                                               optional=s.name in OPTIONAL_INPUTS) for s in md.inputs],
-            output=[model_config_pb2.ModelOutput(name=s.name, data_type=_config_type(s.datatype), dims=list(s.shape))
-                    for s in md.outputs])
-        return service_pb2.ModelConfigResponse(config=config)
+def explorer_inference(plane: ExplorerDataPlane, max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> InferenceServicer:
+    """The KServe door's servicer for the model `explore` (K is an optional input)."""
+    return InferenceServicer(plane, max_tensor_bytes, server_name=SERVER_NAME, optional_inputs=OPTIONAL_INPUTS)
 
 
 def build_server(plane: ExplorerDataPlane, adapters: AdapterEndpoint, *, host: str = "127.0.0.1", port: int = 0,
                  max_workers: int = 16, metrics: ServiceMetrics | None = None,
                  max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
-                 inference: ExplorerInferenceServicer | None = None) -> GrpcServer:
+                 inference: InferenceServicer | None = None) -> GrpcServer:
     """The explorer gRPC server (not started): Explorer + GRPCInferenceService (`inference`, shared with the
     REST door; default a new one) + health + reflection."""
     return build_grpc_server(
@@ -131,7 +120,7 @@ def build_server(plane: ExplorerDataPlane, adapters: AdapterEndpoint, *, host: s
                      ExplorerServicer(plane, adapters)),
          GrpcService(service_name(service_pb2, "GRPCInferenceService"),
                      service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
-                     inference or ExplorerInferenceServicer(plane, max_tensor_bytes, SERVER_NAME))],
+                     inference or explorer_inference(plane, max_tensor_bytes))],
         host=host, port=port, max_workers=max_workers, metrics=metrics)
 
 
@@ -142,7 +131,7 @@ def start(plane: ExplorerDataPlane, metrics: ServiceMetrics, *, host: str = "127
     """Serve `plane` over gRPC and the ops app over HTTP (ports 0 = any free port).
 
     adapter_token: the bearer token hot reload needs (None: pushes are refused with 403)."""
-    inference = ExplorerInferenceServicer(plane, max_tensor_bytes, SERVER_NAME)
+    inference = explorer_inference(plane, max_tensor_bytes)
     return serve(plane, plane.hot, metrics,
                  lambda adapters: build_server(plane, adapters, host=host, port=grpc_port, max_workers=max_workers,
                                                   metrics=metrics, max_tensor_bytes=max_tensor_bytes,

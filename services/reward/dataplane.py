@@ -9,7 +9,6 @@ returns SCORES (FP32 [-1]); concurrent requests to a model share scorer calls (D
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,28 +17,11 @@ from tritonclient.utils import np_to_triton_dtype
 import solrl
 from services.common.batching import DynamicBatcher
 from services.common.errors import NotFoundError
+
+# the KServe model descriptors are the front door's (services.kserve.tensors); re-exported for the planes
+from services.kserve.tensors import MODEL_VERSION, PLATFORM, ModelMetadata, TensorSpec  # noqa: E402,F401
 from solrl.rewards import Scorer, build_reward, check_images, ready_rewards
 from solrl.world.shapes import PromptError
-
-MODEL_VERSION = "1"
-PLATFORM = "solrl"
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    datatype: str           # KServe v2 datatype
-    shape: tuple[int, ...]  # -1 = any size
-
-
-@dataclass(frozen=True)
-class ModelMetadata:
-    name: str
-    versions: tuple[str, ...]
-    platform: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-
 
 IMAGES = TensorSpec("IMAGES", "UINT8", (-1, -1, -1, 3))
 PROMPTS = TensorSpec("PROMPTS", "BYTES", (-1,))

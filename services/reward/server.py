@@ -4,7 +4,7 @@
   inference.GRPCInferenceService    KServe v2 / Triton protocol on tritonclient's generated stubs,
                                     so `tritonclient.grpc.InferenceServerClient` works unchanged
   grpc.health.v1.Health, reflection
-  HTTP: /healthz /readyz /metrics /v1/info, and KServe v2 REST (/v2/...: services.common.kserve_http) over
+  HTTP: /healthz /readyz /metrics /v1/info, and KServe v2 REST (/v2/...: services.kserve.http) over
         the same servicer, so `tritonclient.http` and curl work too
 
 Run: `python -m services.reward.server [--rewards shapes,jpeg_compressibility] [--grpc-port N] [--http-port M]`
@@ -20,17 +20,12 @@ import logging
 import os
 import sys
 import threading
-import time
 from collections.abc import Mapping, Sequence
 
 import grpc
-from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-import solrl
-from services.common.batching import queue_timer
 from services.common.env import Addresses
-from services.common.errors import NotFoundError
 from services.common.grpc_server import (
     DEFAULT_MAX_RECEIVE_BYTES,
     GrpcServer,
@@ -38,13 +33,13 @@ from services.common.grpc_server import (
     build_grpc_server,
     service_name,
 )
-from services.common.kserve import InferStats, decode_inputs, encode_output
-from services.common.kserve_http import mount_kserve_http
 from services.common.lifecycle import RunningService, run_main, serve_until_stopped
 from services.common.metrics import ServiceMetrics
 from services.common.ops import HttpServer, create_ops_app
 from services.common.tensors import DEFAULT_MAX_TENSOR_BYTES, tensor_to_numpy
-from services.reward.dataplane import MODEL_VERSION, RewardDataPlane, TensorSpec
+from services.kserve.grpc import InferenceServicer
+from services.kserve.http import mount_kserve_http
+from services.reward.dataplane import RewardDataPlane
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
 
 log = logging.getLogger("solrl.services.reward")
@@ -74,114 +69,11 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
         return reward_pb2.ListRewardsResponse(names=self.plane.models)   # no default: requests name their reward
 
 
-def _tensor_metadata(spec: TensorSpec) -> service_pb2.ModelMetadataResponse.TensorMetadata:
-    return service_pb2.ModelMetadataResponse.TensorMetadata(name=spec.name, datatype=spec.datatype,
-                                                            shape=list(spec.shape))
-
-
-def _config_type(datatype: str) -> int:
-    # Triton's model config calls the BYTES datatype TYPE_STRING; the others are TYPE_<datatype>.
-    return model_config_pb2.DataType.Value("TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}")
-
-
-class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    """The KServe v2 / Triton inference protocol over the data plane, with Triton's statistics and the
-    repository index (the REST door, services.common.kserve_http, calls these same methods). RPCs not
-    overridden here (streaming inference, repository load / unload, shared memory, tracing, logging) answer
-    UNIMPLEMENTED: the models are fixed at start-up and run in this process."""
-
-    EXTENSIONS = ("binary_tensor_data", "statistics", "model_configuration", "model_repository(index)")
-
-    def __init__(self, plane: RewardDataPlane, max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
-                 server_name: str = "") -> None:
-        self.plane, self.max_tensor_bytes = plane, max_tensor_bytes
-        self.server_name = server_name or SERVER_NAME
-        self.stats = InferStats()
-
-    def ServerLive(self, request: service_pb2.ServerLiveRequest,
-                   context: grpc.ServicerContext) -> service_pb2.ServerLiveResponse:
-        return service_pb2.ServerLiveResponse(live=True)
-
-    def ServerReady(self, request: service_pb2.ServerReadyRequest,
-                    context: grpc.ServicerContext) -> service_pb2.ServerReadyResponse:
-        return service_pb2.ServerReadyResponse(ready=self.plane.ready())
-
-    def ModelReady(self, request: service_pb2.ModelReadyRequest,
-                   context: grpc.ServicerContext) -> service_pb2.ModelReadyResponse:
-        return service_pb2.ModelReadyResponse(ready=self.plane.model_ready(request.name, request.version))
-
-    def ServerMetadata(self, request: service_pb2.ServerMetadataRequest,
-                       context: grpc.ServicerContext) -> service_pb2.ServerMetadataResponse:
-        return service_pb2.ServerMetadataResponse(name=self.server_name, version=solrl.__version__,
-                                                  extensions=list(self.EXTENSIONS))
-
-    def ModelStatistics(self, request: service_pb2.ModelStatisticsRequest,
-                        context: grpc.ServicerContext) -> service_pb2.ModelStatisticsResponse:
-        names = [self.plane.resolve(request.name, request.version, field="name")] if request.name else self.plane.models
-        return json_format.ParseDict({"model_stats": [self.stats.model_stats(n, request.version or MODEL_VERSION)
-                                                      for n in names]}, service_pb2.ModelStatisticsResponse())
-
-    def RepositoryIndex(self, request: service_pb2.RepositoryIndexRequest,
-                        context: grpc.ServicerContext) -> service_pb2.RepositoryIndexResponse:
-        if request.repository_name:
-            raise NotFoundError(f"repository_name: this server has one unnamed repository, not "
-                                f"{request.repository_name!r}")
-        out = service_pb2.RepositoryIndexResponse()
-        for name in self.plane.models:
-            ready = self.plane.model_ready(name)
-            if ready or not request.ready:
-                out.models.add(name=name, version=MODEL_VERSION, state="READY" if ready else "UNAVAILABLE",
-                               reason="" if ready else "the model's worker is not running")
-        return out
-
-    def ModelMetadata(self, request: service_pb2.ModelMetadataRequest,
-                      context: grpc.ServicerContext) -> service_pb2.ModelMetadataResponse:
-        md = self.plane.metadata(request.name, request.version)
-        return service_pb2.ModelMetadataResponse(name=md.name, versions=list(md.versions), platform=md.platform,
-                                                 inputs=[_tensor_metadata(s) for s in md.inputs],
-                                                 outputs=[_tensor_metadata(s) for s in md.outputs])
-
-    def ModelConfig(self, request: service_pb2.ModelConfigRequest,
-                    context: grpc.ServicerContext) -> service_pb2.ModelConfigResponse:
-        md = self.plane.metadata(request.name, request.version)
-        # max_batch_size 0: the shapes above already include the batch axis; batching is done by
-        # this server's own dynamic batcher, whose settings travel as parameters.
-        config = model_config_pb2.ModelConfig(
-            name=md.name, platform=md.platform, max_batch_size=0,
-            input=[model_config_pb2.ModelInput(name=s.name, data_type=_config_type(s.datatype), dims=list(s.shape))
-                   for s in md.inputs],
-            output=[model_config_pb2.ModelOutput(name=s.name, data_type=_config_type(s.datatype), dims=list(s.shape))
-                    for s in md.outputs],
-            parameters={"max_batch": model_config_pb2.ModelParameter(string_value=str(self.plane.max_batch)),
-                         "max_delay_ms": model_config_pb2.ModelParameter(string_value=str(self.plane.max_delay_ms))})
-        return service_pb2.ModelConfigResponse(config=config)
-
-    def ModelInfer(self, request: service_pb2.ModelInferRequest,
-                   context: grpc.ServicerContext) -> service_pb2.ModelInferResponse:
-        if not request.model_name:
-            raise ValueError("model_name: required")
-        name = self.plane.resolve(request.model_name, request.model_version)  # NOT_FOUND before decoding
-        version = request.model_version or MODEL_VERSION
-        t0 = time.perf_counter_ns()
-        try:
-            inputs = decode_inputs(request, self.max_tensor_bytes)
-            t1 = time.perf_counter_ns()
-            with queue_timer() as waits:
-                outputs = self.plane.infer(name, inputs, request.model_version, [o.name for o in request.outputs])
-            t2 = time.perf_counter_ns()
-            response = service_pb2.ModelInferResponse(model_name=name, model_version=version, id=request.id)
-            for out_name, array in outputs.items():
-                meta, raw = encode_output(out_name, array)
-                response.outputs.append(meta)
-                response.raw_output_contents.append(raw)
-        except BaseException:
-            self.stats.record(name, version, ok=False, total_ns=time.perf_counter_ns() - t0)
-            raise
-        t3 = time.perf_counter_ns()
-        queued = int(sum(waits) * 1e9)
-        self.stats.record(name, version, ok=True, total_ns=t3 - t0, queue_ns=queued, input_ns=t1 - t0,
-                          infer_ns=max(0, t2 - t1 - queued), output_ns=t3 - t2)
-        return response
+def reward_inference(plane: RewardDataPlane, max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> InferenceServicer:
+    """The KServe door's servicer for the rewards (each a model); the batcher's settings as config parameters."""
+    return InferenceServicer(plane, max_tensor_bytes, server_name=SERVER_NAME,
+                             parameters=lambda: {"max_batch": str(plane.max_batch),
+                                                 "max_delay_ms": str(plane.max_delay_ms)})
 
 
 def build_server(plane: RewardDataPlane, *, host: str = "127.0.0.1", port: int = 0, max_workers: int = 16,
@@ -195,7 +87,7 @@ def build_server(plane: RewardDataPlane, *, host: str = "127.0.0.1", port: int =
                      RewardServicer(plane, max_tensor_bytes)),
          GrpcService(service_name(service_pb2, "GRPCInferenceService"),
                      service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
-                     inference or InferenceServicer(plane, max_tensor_bytes))],
+                     inference or reward_inference(plane, max_tensor_bytes))],
         host=host, port=port, max_workers=max_workers, metrics=metrics, max_receive_bytes=max_receive_bytes)
 
 
@@ -214,7 +106,7 @@ def start(plane: RewardDataPlane, metrics: ServiceMetrics, *, host: str = "127.0
     server: GrpcServer | None = None
     http: HttpServer | None = None
     try:
-        inference = InferenceServicer(plane, max_tensor_bytes)
+        inference = reward_inference(plane, max_tensor_bytes)
         server = build_server(plane, host=host, port=grpc_port, max_workers=max_workers, metrics=metrics,
                               max_tensor_bytes=max_tensor_bytes, inference=inference)
         grpc_port = server.port

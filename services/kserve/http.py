@@ -4,10 +4,10 @@ Every route transcodes its HTTP request into the protobuf request of the service
 servicer, calls the very method the gRPC door calls, and transcodes the answer back: both doors share one
 data plane, one set of input checks and one statistics record. Routes (KServe v2 / Triton HTTP protocol):
 
-  GET  /v2/health/live, /v2/health/ready            200 when live / ready (503 when not ready)
+  GET  /v2/health/live, /v2/health/ready            200 when live / ready, 400 when not (the spec's 4xx)
   GET  /v2                                          server metadata (name, version, extensions)
   GET  /v2/models/{m}[/versions/{v}]                model metadata
-  GET  /v2/models/{m}[/versions/{v}]/ready          200 when the model is ready
+  GET  /v2/models/{m}[/versions/{v}]/ready          200 when the model is ready, 400 when not (or unknown)
   GET  /v2/models/{m}[/versions/{v}]/config         Triton model configuration (JSON)
   POST /v2/models/{m}[/versions/{v}]/infer          inference: JSON tensors, or the binary tensor extension
   GET  /v2/models[/{m}[/versions/{v}]]/stats        Triton statistics
@@ -228,12 +228,12 @@ def mount_kserve_http(app: FastAPI, servicer: Any, *, max_body_bytes: int) -> No
     @app.get("/v2/health/live")
     def live() -> Response:
         return answer(lambda: JSONResponse({}, status_code=200 if call("ServerLive", service_pb2.ServerLiveRequest()).live
-                                           else 503))
+                                           else 400))
 
     @app.get("/v2/health/ready")
     def ready() -> Response:
         return answer(lambda: JSONResponse(
-            {}, status_code=200 if call("ServerReady", service_pb2.ServerReadyRequest()).ready else 503))
+            {}, status_code=200 if call("ServerReady", service_pb2.ServerReadyRequest()).ready else 400))
 
     @app.get("/v2")
     def server_metadata() -> Response:
@@ -263,7 +263,7 @@ def mount_kserve_http(app: FastAPI, servicer: Any, *, max_body_bytes: int) -> No
         @app.get(prefix + "/ready")
         def model_ready(model: str, version: str = "") -> Response:
             return answer(lambda: JSONResponse({}, status_code=200 if call(
-                "ModelReady", service_pb2.ModelReadyRequest(name=model, version=version)).ready else 503))
+                "ModelReady", service_pb2.ModelReadyRequest(name=model, version=version)).ready else 400))
 
         @app.get(prefix + "/config")
         def model_config(model: str, version: str = "") -> Response:
