@@ -269,11 +269,11 @@ def test_pushed_adapter_serves_exactly_the_core_merge(world, served):
 
     # the LoadAdapter RPC is the same door
     data = world.payloads[2]
-    request = explorer_pb2.LoadAdapterRequest(safetensors=data, version=2, sha256=sha256_hex(data))
+    request = common_pb2.LoadAdapterRequest(safetensors=data, version=2, sha256=sha256_hex(data))
     resp = served.stub.LoadAdapter(request, metadata=[("authorization", f"Bearer {TOKEN}")])
     assert resp.adapter_version.version == 2 and resp.adapter_version.sha256 == sha256_hex(data)
     assert_matches(served.explore(), world, 2)
-    info = served.stub.Info(explorer_pb2.InfoRequest())
+    info = served.stub.Info(common_pb2.InfoRequest())
     assert info.adapter_version.version == 2
     assert "solrl_adapter_version{service=\"explorer\"} 2.0" in served.http.get("/metrics").text
     assert 'solrl_adapter_loads_total{outcome="ok",service="explorer"} 2.0' in served.http.get("/metrics").text
@@ -391,10 +391,10 @@ def test_rejected_pushes_keep_the_old_version(world, served):
         rejected(served.push(other, 2), 400, "differ from the LoRA this server was started with")
 
     metadata = [("authorization", "Bearer wrong")]
-    err = rpc_error(served.stub.LoadAdapter, explorer_pb2.LoadAdapterRequest(
+    err = rpc_error(served.stub.LoadAdapter, common_pb2.LoadAdapterRequest(
         safetensors=v2, version=2, sha256=sha256_hex(v2)), metadata=metadata)
     assert err.code() == grpc.StatusCode.UNAUTHENTICATED
-    err = rpc_error(served.stub.LoadAdapter, explorer_pb2.LoadAdapterRequest(
+    err = rpc_error(served.stub.LoadAdapter, common_pb2.LoadAdapterRequest(
         safetensors=other_v1, version=1, sha256=sha256_hex(other_v1)), metadata=[("authorization", f"Bearer {TOKEN}")])
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "not newer" in err.details()
 
@@ -441,7 +441,7 @@ def test_without_a_token_hot_reload_is_refused(world):
     try:
         r = s.push(world.payloads[1], 1)
         assert r.status_code == 403 and "SOLRL_ADAPTER_TOKEN" in r.json()["detail"]
-        err = rpc_error(s.stub.LoadAdapter, explorer_pb2.LoadAdapterRequest(safetensors=world.payloads[1], version=1))
+        err = rpc_error(s.stub.LoadAdapter, common_pb2.LoadAdapterRequest(safetensors=world.payloads[1], version=1))
         assert err.code() == grpc.StatusCode.PERMISSION_DENIED
         assert s.version() == 0 and s.http.get("/v1/info").json()["adapter_loading"] is False
     finally:
@@ -455,7 +455,7 @@ def test_health_info_and_ops(world, served):
     for name in ("", "solrl.explorer.v1.Explorer", "inference.GRPCInferenceService"):
         assert health.Check(health_pb2.HealthCheckRequest(service=name)).status == \
             health_pb2.HealthCheckResponse.SERVING
-    info = served.stub.Info(explorer_pb2.InfoRequest())
+    info = served.stub.Info(common_pb2.InfoRequest())
     assert (info.model, info.precision, info.reward) == ("shapes", "nvfp4-emu", "jpeg_compressibility")
     assert info.adapter_version.version == 0
     # the resident copy is smaller than the same weights in fp32, because the attention and MLP are FP4
@@ -483,18 +483,18 @@ def test_a_job_naming_a_proxy_switches_the_explorer_to_it(world, served):
         sel = served.explore(**job)
         assert sel.proxy == "fp8-e4m3-emu/keep-projections" and sel.adapter_version.version == 2
         np.testing.assert_array_equal(np.array(sel.proxy_scores, dtype=np.float32), want.scores[0])
-    info = served.stub.Info(explorer_pb2.InfoRequest())
+    info = served.stub.Info(common_pb2.InfoRequest())
     assert info.precision == "fp8-e4m3-emu" and "nvfp4-emu" in info.available_precisions
     sel = served.explore(precision="nvfp4-emu")  # back to its own: bit-equal to the core NVFP4 explorer
     assert sel.proxy == "nvfp4-emu"
     assert_matches(sel, world, 2)
-    before = served.stub.Info(explorer_pb2.InfoRequest()).precision
+    before = served.stub.Info(common_pb2.InfoRequest()).precision
     rpc_error(served.explore, precision="fp3-emu")  # a bad name switches nothing
     if "nvfp4" not in info.available_precisions:  # Transformer Engine's NVFP4 without a Blackwell GPU
         err = rpc_error(served.explore, precision="nvfp4")
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert err.details().startswith("job.precision: 'nvfp4' cannot run on this explorer"), err.details()
-    assert served.stub.Info(explorer_pb2.InfoRequest()).precision == before == "nvfp4-emu"
+    assert served.stub.Info(common_pb2.InfoRequest()).precision == before == "nvfp4-emu"
 
 
 @pytest.mark.parametrize("job, n, field", [

@@ -25,9 +25,13 @@ COMMON_FIELDS = {
     "AdapterVersion": {"version", "sha256"},
     "SamplerSpec": {"solver", "steps", "shift", "guidance"},
     "ExploreJob": {"job_id", "run_id", "prompt", "seeds", "steps", "kept", "selection", "min_adapter_version",
-                   "sampler"},
-    "SeedSelection": {"job_id", "prompt", "seeds", "proxy_scores", "kept_indices", "adapter_version"},
-    "Rollout": {"job_id", "prompt", "seed", "x0", "reward", "proxy_reward", "adapter_version"},
+                   "sampler", "precision", "precision_policy"},
+    "SeedSelection": {"job_id", "prompt", "seeds", "proxy_scores", "kept_indices", "adapter_version", "proxy"},
+    "Rollout": {"job_id", "prompt", "seed", "x0", "reward", "proxy_reward", "adapter_version", "proxy"},
+    "InfoResponse": {"model", "precision", "adapter_version", "resident_weight_bytes", "reward", "base_precision",
+                     "model_path", "available_precisions"},
+    "LoadAdapterRequest": {"safetensors", "version", "sha256"},
+    "LoadAdapterResponse": {"adapter_version", "swap_ms"},
 }
 
 
@@ -124,6 +128,14 @@ def test_generated_modules_import_and_declare_the_contracts() -> None:
     for msg, fields in COMMON_FIELDS.items():
         assert fields <= set(common.DESCRIPTOR.message_types_by_name[msg].fields_by_name), msg
     assert (OUT_DIR / STAMP).is_file()
+    # both rollout roles answer Info and LoadAdapter with the one set of messages in common.v1
+    for role, service in (("explorer", "Explorer"), ("regenerator", "Regenerator")):
+        pb2 = importlib.import_module(f"solrl.pb.solrl.{role}.v1.{role}_pb2")
+        methods = pb2.DESCRIPTOR.services_by_name[service].methods_by_name
+        for rpc in ("Info", "LoadAdapter"):
+            assert methods[rpc].input_type.full_name == f"solrl.common.v1.{rpc}Request"
+            assert methods[rpc].output_type.full_name == f"solrl.common.v1.{rpc}Response"
+        assert "InfoRequest" not in pb2.DESCRIPTOR.message_types_by_name  # no second copy
 
 
 def test_messages_round_trip_on_the_wire() -> None:

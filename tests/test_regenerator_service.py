@@ -166,7 +166,7 @@ def test_pushed_adapters_serve_exactly_what_the_trainer_computes(world, served):
     assert (world.expected[1].x0 - world.expected[0].x0).abs().max() > 1e-3  # the adapter matters
 
     data = world.payloads[2]
-    loaded = served.stub.LoadAdapter(regenerator_pb2.LoadAdapterRequest(safetensors=data, version=2,
+    loaded = served.stub.LoadAdapter(common_pb2.LoadAdapterRequest(safetensors=data, version=2,
                                                                         sha256=sha256_hex(data)),
                                      metadata=[("authorization", f"Bearer {TOKEN}")])
     assert loaded.adapter_version.version == 2
@@ -175,7 +175,7 @@ def test_pushed_adapters_serve_exactly_what_the_trainer_computes(world, served):
     step = (world.expected[2].x0 - world.expected[1].x0).abs().max()
     merged_error = (world.merged[2].x0 - world.expected[2].x0).abs().max()
     assert step > 0 and merged_error > 0.5 * step, (float(step), float(merged_error))
-    assert served.stub.Info(regenerator_pb2.InfoRequest()).adapter_version.version == 2
+    assert served.stub.Info(common_pb2.InfoRequest()).adapter_version.version == 2
 
     # refused pushes leave version 2 in place
     assert served.push(data, 3, token="wrong").status_code == 401
@@ -203,7 +203,7 @@ def test_health_and_info(world, served):
     for name in ("", "solrl.regenerator.v1.Regenerator"):
         assert health.Check(health_pb2.HealthCheckRequest(service=name)).status == \
             health_pb2.HealthCheckResponse.SERVING
-    info = served.stub.Info(regenerator_pb2.InfoRequest())
+    info = served.stub.Info(common_pb2.InfoRequest())
     assert (info.model, info.precision, info.reward) == ("shapes", "bf16", "jpeg_compressibility")
     assert info.resident_weight_bytes == served.svc.plane.hot.weight_bytes()["total"] > 0
     assert served.http.get("/readyz").status_code == 200

@@ -33,7 +33,8 @@ from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter, sha256_hex
 from solrl.checkpoint import load_checkpoint, save_checkpoint
 from solrl.models import load_model
 from solrl.models.shapes import ShapesModel
-from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
+from solrl.pb.solrl.common.v1 import common_pb2
+from solrl.pb.solrl.explorer.v1 import explorer_pb2_grpc
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
 from solrl.precision import PrecisionConfig
 from solrl.rewards.jpeg import JpegCompressibility
@@ -292,12 +293,12 @@ def test_explorer_binds_where_told_and_never_shows_its_token(tmp_path):
                                (f"Bearer {TOKEN}", grpc.StatusCode.RESOURCE_EXHAUSTED)):
                 data = good + b"\0" * 4096 if want == grpc.StatusCode.RESOURCE_EXHAUSTED else good
                 with pytest.raises(grpc.RpcError) as info:
-                    stub.LoadAdapter(explorer_pb2.LoadAdapterRequest(safetensors=data, version=2,
+                    stub.LoadAdapter(common_pb2.LoadAdapterRequest(safetensors=data, version=2,
                                                                      sha256=sha256_hex(data)),
                                      metadata=[("authorization", auth)], timeout=60)
                 assert info.value.code() == want
                 seen.append(info.value.details() or "")
-            info_rpc = stub.Info(explorer_pb2.InfoRequest(), timeout=30)
+            info_rpc = stub.Info(common_pb2.InfoRequest(), timeout=30)
             assert info_rpc.adapter_version.version == 1  # the refused pushes changed nothing
             seen.append(str(info_rpc))
         for path in ("/v1/info", "/v1/adapter", "/metrics", "/healthz", "/readyz"):

@@ -19,7 +19,7 @@ from services.common.tensors import numpy_to_tensor
 from solrl.adapters import LoraSpec
 from solrl.models.base import T2IModel
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
-from solrl.precision import PrecisionConfig
+from solrl.precision import PrecisionConfig, runnable_backends
 from solrl.rewards import Scorer, build_reward
 from solrl.rollout import PromptCache, SamplerSpec
 from solrl.sampling.noise import SEED_LIMIT
@@ -175,6 +175,7 @@ class RolloutPlane:
                 "precision": self.hot.backend, "base_precision": self.base_precision, "model_path": self.model_path,
                 "adapter_version": cur.version, "adapter_sha256": cur.sha256,
                 "resident_weight_bytes": self.hot.weight_bytes()["total"],
+                "available_precisions": runnable_backends(),
                 "reward": getattr(self.scorer, "name", type(self.scorer).__name__),
                 "defaults": self.defaults(), "ready": self.ready()}
 

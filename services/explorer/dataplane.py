@@ -110,9 +110,7 @@ class ExplorerDataPlane(RolloutPlane):
         return {**super().defaults(), "kept": self.kept, "selection": self.selection}
 
     def info(self) -> dict[str, Any]:
-        from solrl.precision import runnable_backends
-
-        return {**super().info(), "available_precisions": runnable_backends(), "proxy": self.hot.current().label}
+        return {**super().info(), "proxy": self.hot.current().label}
 
     def proxy_precision(self, backend: str, policy: str = "", fields: Mapping[str, str] = FIELDS
                         ) -> tuple[PrecisionConfig, str]:

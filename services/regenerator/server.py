@@ -81,19 +81,19 @@ class RegeneratorServicer(regenerator_pb2_grpc.RegeneratorServicer):
             response.images.CopyFrom(numpy_to_tensor(out.images))
         return response
 
-    def Info(self, request: regenerator_pb2.InfoRequest,
-             context: grpc.ServicerContext) -> regenerator_pb2.InfoResponse:
+    def Info(self, request: common_pb2.InfoRequest,
+             context: grpc.ServicerContext) -> common_pb2.InfoResponse:
         info = self.plane.info()
-        return regenerator_pb2.InfoResponse(
+        return common_pb2.InfoResponse(
             model=info["model"], precision=info["precision"], reward=info["reward"],
             base_precision=info["base_precision"], model_path=info["model_path"],
             adapter_version=common_pb2.AdapterVersion(version=info["adapter_version"], sha256=info["adapter_sha256"]),
-            resident_weight_bytes=info["resident_weight_bytes"])
+            resident_weight_bytes=info["resident_weight_bytes"], available_precisions=info["available_precisions"])
 
-    def LoadAdapter(self, request: regenerator_pb2.LoadAdapterRequest,
-                    context: grpc.ServicerContext) -> regenerator_pb2.LoadAdapterResponse:
+    def LoadAdapter(self, request: common_pb2.LoadAdapterRequest,
+                    context: grpc.ServicerContext) -> common_pb2.LoadAdapterResponse:
         result = self.adapters.grpc_load(context, request.safetensors, request.version, request.sha256)
-        return regenerator_pb2.LoadAdapterResponse(
+        return common_pb2.LoadAdapterResponse(
             adapter_version=common_pb2.AdapterVersion(version=result.version, sha256=result.sha256),
             swap_ms=result.swap_ms)
 

@@ -58,8 +58,8 @@ from solrl.config import ConfigError, RunConfig, resolve_run
 from solrl.dashboard import mount_dashboard
 from solrl.distributed import PIPELINE, RemoteSession, run_distributed
 from solrl.pb.solrl.common.v1 import common_pb2
-from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
-from solrl.pb.solrl.regenerator.v1 import regenerator_pb2, regenerator_pb2_grpc
+from solrl.pb.solrl.explorer.v1 import explorer_pb2_grpc
+from solrl.pb.solrl.regenerator.v1 import regenerator_pb2_grpc
 from solrl.pb.solrl.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from solrl.precision.base import same_format
 from solrl.queue import QueueConfig, build_queue
@@ -147,19 +147,19 @@ class AdapterPusher:
         return out
 
     @property
-    def targets(self) -> list[tuple[str, Callable, type]]:
-        """(address, LoadAdapter stub, request class) per rollout service."""
-        request = {"explorer": explorer_pb2.LoadAdapterRequest, "regenerator": regenerator_pb2.LoadAdapterRequest}
-        return [(a, stub.LoadAdapter, request[role]) for role, a, stub in self.workers()]
+    def targets(self) -> list[tuple[str, Callable]]:
+        """(address, LoadAdapter stub) per rollout service (one LoadAdapter contract: common.v1)."""
+        return [(a, stub.LoadAdapter) for _, a, stub in self.workers()]
 
     def __call__(self, data: bytes, version: int, sha256: str) -> None:
         self.current = (bytes(data), version, sha256)
-        for address, rpc, request in self.targets:
+        for address, rpc in self.targets:
             deadline = time.monotonic() + self.retry_s
             wait = 0.5
             while True:
                 try:
-                    rpc(request(safetensors=data, version=version, sha256=sha256), metadata=self.metadata,
+                    rpc(common_pb2.LoadAdapterRequest(safetensors=data, version=version, sha256=sha256),
+                        metadata=self.metadata,
                         timeout=self.timeout_s)
                     break
                 except grpc.RpcError as exc:
@@ -233,7 +233,7 @@ def check_workers(pusher: AdapterPusher, cfg: RunConfig, timeout_s: float = 600.
     epoch would be sampled with it). Returns what each service reported."""
     problems, seen = [], []
     for role, address, stub in pusher.workers():
-        request = explorer_pb2.InfoRequest() if role == "explorer" else regenerator_pb2.InfoRequest()
+        request = common_pb2.InfoRequest()  # one Info contract for both rollout roles (common.v1)
         try:
             info = stub.Info(request, timeout=timeout_s, wait_for_ready=True)
         except grpc.RpcError as exc:
