@@ -122,9 +122,15 @@ def engine():
         client.ping()
     except Exception as exc:  # DockerException, connection errors: no engine to drive
         pytest.skip(f"no Docker engine answers ({os.environ.get('DOCKER_HOST', 'the default socket')}): {exc}")
+    # each role's image from the one services/Dockerfile, with the target and build arguments the compose
+    # file gives it (ROLE, GRPC_PORT, HTTP_PORT), tagged as the file names it
+    services = compose_config({ENV_ADAPTER_TOKEN: TOKEN})["services"]
     for role in ROLES:
-        client.images.build(path=str(ROOT), dockerfile=f"services/{role}/Dockerfile", target="cpu",
-                            tag=f"solrl/{role}:cpu", rm=True)
+        build = services[role]["build"]
+        assert build["dockerfile"] == "services/Dockerfile" and build["args"]["ROLE"] == role
+        client.images.build(path=str(ROOT), dockerfile="services/Dockerfile", target=build["target"],
+                            buildargs={k: str(v) for k, v in build["args"].items()}, tag=services[role]["image"],
+                            rm=True)
     client.images.pull("redis", tag="7.2-bookworm")
     yield client
     client.close()

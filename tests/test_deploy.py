@@ -4,7 +4,8 @@
 - `kubectl kustomize` of every overlay through `kubernetes-validate --strict`;
 - the KEDA ScaledObject (a CRD kubernetes-validate has no schema for) against the fields KEDA documents;
 - ports and environment names in compose and k8s are exactly those `solrl serve` reads;
-- each Dockerfile: non-root user, HEALTHCHECK on the ops port, entry `solrl serve <role>`, protos built.
+- services/Dockerfile, per role and flavor as its build arguments make it: non-root user, HEALTHCHECK on
+  the ops port, entry `solrl serve <role>`, protos built; its checks refuse a missing or unknown role.
 - tests/test_deploy_run.py runs the CPU compose file's services as local processes, end to end.
 The tools are installed by `.ci/run`; elsewhere a missing tool skips with a reason, unless
 SOLRL_REQUIRE_DEPLOY_TOOLS=1 (set by CI), where it fails.
@@ -17,6 +18,7 @@ import inspect
 import json
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -164,7 +166,15 @@ def test_compose_ports_and_env_match_what_solrl_serve_reads(name):
             assert env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
         if ENV_REWARD_ADDR in env:
             assert env[ENV_REWARD_ADDR] == f"reward:{PORTS['reward'][0]}"
-        assert svc["build"]["dockerfile"] == f"services/{role}/Dockerfile"
+        # built from the one Dockerfile, as this role, on the flavor its target names, serving these ports
+        build = svc["build"]
+        assert build["dockerfile"] == "services/Dockerfile"
+        assert build["target"] == ("gpu" if name == "docker-compose.yml" else "cpu")
+        assert build["args"].get("FLAVOR", "cpu") == build["target"], svc_name
+        assert build["args"]["ROLE"] == role, svc_name
+        image = dockerfile_image({k: str(v) for k, v in build["args"].items()}, build["target"])
+        assert (image.env[ENV_GRPC_PORT], image.env[ENV_HTTP_PORT]) == (str(grpc_port), str(http_port)), svc_name
+        assert svc["image"] == f"solrl/{role}:{build['target']}"
     trainer = services["trainer"]["environment"]
     for key, role in ((trainer_server.ENV_EXPLORER_ADDRS, "explorer"),
                       (trainer_server.ENV_REGENERATOR_ADDRS, "regenerator")):
@@ -329,22 +339,231 @@ def test_keda_scaledobject_targets_the_explore_stream():
     assert doc["spec"]["scaleTargetRef"]["name"] == "explorer"
 
 
-# ------------------------------------------------------------------ Dockerfiles
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ Dockerfile
+
+# One parametrised Dockerfile builds every role. No engine here, so the test builds its image
+# *configuration* the way BuildKit would for the subset of the syntax the file uses (global and stage
+# ARGs, FROM <stage> inheritance, ENV / EXPOSE / USER substitution, HEALTHCHECK, ENTRYPOINT), and runs
+# for real the RUN steps that read the build arguments (the checks that make a bad build fail).
+DOCKERFILE = ROOT / "services" / "Dockerfile"
+FLAVORS = ("cpu", "gpu")
+
+
+class BuildRefused(Exception):
+    """A RUN step of the build failed: what `docker build` would stop on, with the step's stderr."""
+
+
+class Image:
+    def __init__(self) -> None:
+        self.stages: list[str] = []       # the stages the target is made of, base first
+        self.env: dict[str, str] = {}     # the image's ENV
+        self.user: str | None = None
+        self.expose: list[str] = []
+        self.healthcheck: list[str] | None = None
+        self.entrypoint: list[str] | None = None
+        self.runs: list[str] = []         # every RUN, in build order
+        self.checks: list[str] = []       # the RUNs that read a build argument, run here
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments): comments dropped, line continuations joined as Docker joins them."""
+    out, pending = [], None
+    for line in text.splitlines():
+        if line.lstrip().startswith("#") or (pending is None and not line.strip()):
+            continue
+        if line.endswith("\\"):
+            pending = (pending or "") + line[:-1]
+            continue
+        word, _, rest = ((pending or "") + line).strip().partition(" ")
+        out.append((word.upper(), rest.strip()))
+        pending = None
+    assert pending is None, "the Dockerfile ends in a line continuation"
+    return out
+
+
+def _expand(word: str, variables: dict[str, str]) -> str:
+    out = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: variables.get(m.group(1) or m.group(2)) or "", word)
+    assert "$" not in out, f"unmodelled substitution in {word!r}"
+    return out
+
+
+def dockerfile_image(args: dict[str, str], target: str | None = None) -> Image:
+    """The image `docker build -f services/Dockerfile [--target T] --build-arg K=V ...` makes, as configuration;
+    BuildRefused if one of its checks fails."""
+    global_args: dict[str, str | None] = {}
+    stages: list[dict] = []
+    for instr, rest in dockerfile_instructions(DOCKERFILE.read_text()):
+        if instr == "FROM":
+            m = re.fullmatch(r"(\S+)(?:\s+AS\s+(\S+))?", rest, re.IGNORECASE)
+            stages.append({"base": m.group(1), "name": m.group(2), "body": []})
+        elif not stages:
+            assert instr == "ARG", f"only ARG may precede the first FROM, not {instr}"
+            name, eq, default = rest.partition("=")
+            global_args[name] = default if eq else None
+        else:
+            stages[-1]["body"].append((instr, rest))
+    named = {s["name"]: s for s in stages if s["name"]}
+    globals_ = {k: args.get(k, v) for k, v in global_args.items() if args.get(k, v) is not None}
+    image = Image()
+
+    def build(stage: dict) -> None:
+        base = _expand(stage["base"], globals_)
+        if base in named:
+            build(named[base])           # FROM <stage>: its filesystem and configuration
+        else:
+            image.stages.append(base)    # an external image: its configuration is not modelled
+        image.stages.append(stage["name"] or "(last stage)")
+        scope: dict[str, str] = {}       # the build arguments this stage declared
+        for instr, rest in stage["body"]:
+            variables = {**scope, **image.env}
+            if instr == "ARG":
+                name, eq, default = rest.partition("=")
+                value = args.get(name, _expand(default, variables) if eq else globals_.get(name))
+                scope[name] = value   # None: declared, not set
+            elif instr == "ENV":
+                for item in shlex.split(rest):
+                    key, eq, value = item.partition("=")
+                    assert eq, f"ENV {rest}: use KEY=VALUE"
+                    image.env[key] = _expand(value, variables)
+            elif instr == "RUN":
+                image.runs.append(rest)
+                if any(re.search(rf"\$\{{?{name}\b", rest) for name in scope):
+                    assert not re.search(r"\b(pip|apt-get|useradd|chown|curl|wget)\b", rest), \
+                        f"a RUN reading build arguments should only check them: {rest}"
+                    image.checks.append(rest)
+                    env = {"PATH": os.environ["PATH"], **image.env,
+                           **{k: v for k, v in scope.items() if v is not None and k not in image.env}}
+                    proc = subprocess.run(["sh", "-c", rest], env=env, capture_output=True, text=True, check=False)
+                    if proc.returncode != 0:
+                        raise BuildRefused(proc.stderr.strip())
+            elif instr == "USER":
+                image.user = _expand(rest, variables)
+            elif instr == "EXPOSE":
+                image.expose += _expand(rest, variables).split()
+            elif instr == "HEALTHCHECK":
+                image.healthcheck = json.loads(rest.split(" CMD ", 1)[1])
+            elif instr == "ENTRYPOINT":
+                image.entrypoint = json.loads(rest)
+            else:
+                assert instr in ("WORKDIR", "COPY"), f"unmodelled instruction {instr} {rest}"
+
+    build(named[target] if target else stages[-1])
+    return image
+
+
+def role_args(role: str, flavor: str = "cpu") -> dict[str, str]:
+    grpc_port, http_port = PORTS[role]
+    return {"FLAVOR": flavor, "ROLE": role, "GRPC_PORT": str(grpc_port), "HTTP_PORT": str(http_port)}
+
+
+def entry_command(image: Image, args: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """The command the image's ENTRYPOINT runs with `args` after the image name (a stand-in `solrl`
+    on PATH prints its argv)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as stub_dir:
+        stub = Path(stub_dir) / "solrl"
+        stub.write_text(f"#!/bin/sh\nexec '{sys.executable}' -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "
+                        '"$@"\n')
+        stub.chmod(0o755)
+        proc = subprocess.run([*image.entrypoint, *args], capture_output=True, text=True, check=True, timeout=30,
+                              env={"PATH": f"{stub_dir}:{os.environ['PATH']}", **image.env, **(env or {})})
+    return ["solrl", *json.loads(proc.stdout)]
+
+
+def run_healthcheck(image: Image, env: dict[str, str] | None = None) -> int:
+    """The image's HEALTHCHECK command, verbatim, in the container's environment (the image's ENV, then
+    what the container is given)."""
+    assert image.healthcheck[0] == "python"
+    proc = subprocess.run([sys.executable, *image.healthcheck[1:]], capture_output=True, text=True, timeout=30,
+                          check=False, env={**os.environ, **image.env, **(env or {})})
+    return proc.returncode
+
+
+class _Healthz:
+    """A stand-in ops server: 200 on /healthz."""
+
+    def __init__(self, port: int) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                self.send_response(200 if self.path == "/healthz" else 404)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
 
 @pytest.mark.parametrize("role", sorted(ROLES))
 def test_dockerfile_targets_user_healthcheck_and_entry(role):
-    text = (ROOT / "services" / role / "Dockerfile").read_text()
-    stages = re.findall(r"^FROM\s+\S+\s+AS\s+(\S+)", text, re.MULTILINE)
-    assert {"cpu", "gpu"} <= set(stages)
-    for stage in ("cpu", "gpu"):
-        body = text.split(f" AS {stage}\n", 1)[1].split("\nFROM ", 1)[0]
-        assert "python -m solrl.protos_build" in body  # stubs generated in the build, never committed
-        user = re.search(r"^USER\s+(\S+)", body, re.MULTILINE)
-        assert user and user.group(1) not in ("root", "0")
-        assert f"'{PORTS[role][1]}'" in re.search(r"^HEALTHCHECK.*?\n(?:\s+CMD.*)", body, re.MULTILINE | re.DOTALL).group(0)
-        assert f'ENTRYPOINT ["solrl", "serve", "{role}"]' in body
-        assert re.search(rf"^EXPOSE {PORTS[role][0]} {PORTS[role][1]}$", body, re.MULTILINE)
-    assert "torch==2.13.0" in text and "transformer-engine" in text.split("AS gpu-base", 1)[1].split("FROM", 1)[0]
+    assert sorted(ROOT.glob("services/**/Dockerfile")) == [DOCKERFILE]  # one file for every role
+    for flavor, target in [(f, f) for f in FLAVORS] + [(f, None) for f in FLAVORS]:
+        image = dockerfile_image(role_args(role, flavor), target)
+        where = f"{role}, FLAVOR={flavor}, --target {target}"
+        assert f"{flavor}-base" in image.stages and f"{'gpu' if flavor == 'cpu' else 'cpu'}-base" not in image.stages
+        assert image.checks, "the build checks its arguments"
+        base_runs = " ".join(image.runs)
+        if flavor == "gpu":
+            assert "transformer-engine" in base_runs and "torch==" not in base_runs, where
+        else:
+            assert "torch==2.13.0" in base_runs and "transformer-engine" not in base_runs, where
+        assert any("python -m solrl.protos_build" in r for r in image.runs)  # stubs generated in the build
+        assert image.user and image.user not in ("root", "0"), where
+        assert any(f"useradd --uid {image.user} " in r for r in image.runs), where
+        assert any(f"mkdir -p /runs && chown {image.user}:{image.user} /runs" in r for r in image.runs), where
+        grpc_port, http_port = PORTS[role]
+        assert image.expose == [str(grpc_port), str(http_port)], where
+        assert (image.env[ENV_GRPC_PORT], image.env[ENV_HTTP_PORT]) == (str(grpc_port), str(http_port)), where
+        # the image's SOLRL_* defaults are names its `solrl serve` reads (and the role for the entry)
+        assert {k for k in image.env if k.startswith("SOLRL_")} - {"SOLRL_ROLE"} <= READS[role], where
+        assert image.env["HF_HUB_OFFLINE"] == "1", where
+        # ENTRYPOINT: `solrl serve <role>`, the container's arguments appended unchanged
+        assert entry_command(image, []) == ["solrl", "serve", role], where
+        assert entry_command(image, ["--threads", "1", "a b"]) == ["solrl", "serve", role, "--threads", "1", "a b"]
+    # HEALTHCHECK: GET /healthz on the image's ops port (HTTP_PORT), or on the one the container is given
+    port, other = free_port(), free_port()
+    image = dockerfile_image({**role_args(role), "HTTP_PORT": str(port)}, "cpu")
+    assert run_healthcheck(image) != 0
+    server = _Healthz(port)
+    try:
+        assert run_healthcheck(image) == 0
+        assert run_healthcheck(image, {ENV_HTTP_PORT: str(other)}) != 0
+    finally:
+        server.close()
+
+
+def test_dockerfile_refuses_a_missing_or_unknown_role_and_a_mismatched_flavor():
+    good = role_args("explorer")
+    dockerfile_image(good, "cpu")
+    for args, target, says in [
+        ({k: v for k, v in good.items() if k != "ROLE"}, "cpu", "ROLE"),
+        ({**good, "ROLE": "rewards"}, "cpu", "ROLE"),
+        ({**good, "ROLE": ""}, None, "ROLE"),
+        ({k: v for k, v in good.items() if k != "GRPC_PORT"}, "cpu", "GRPC_PORT"),
+        ({k: v for k, v in good.items() if k != "HTTP_PORT"}, "cpu", "HTTP_PORT"),
+        ({**good, "HTTP_PORT": "80a"}, "cpu", "HTTP_PORT"),
+        ({k: v for k, v in good.items() if k != "FLAVOR"}, "gpu", "FLAVOR=gpu"),   # --target gpu, CPU base
+        ({**good, "FLAVOR": "gpu"}, "cpu", "FLAVOR=cpu"),
+    ]:
+        with pytest.raises(BuildRefused, match=re.escape(says)):
+            dockerfile_image(args, target)
+    # --target cpu with no FLAVOR is the CPU image (FLAVOR defaults to cpu)
+    assert "cpu-base" in dockerfile_image({k: v for k, v in good.items() if k != "FLAVOR"}, "cpu").stages
 
 
 def test_trainer_expands_headless_service_addresses():
@@ -357,24 +576,6 @@ def test_trainer_expands_headless_service_addresses():
 
 
 # ------------------------------------------------------------------ the entry commands, run
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def dockerfile_stage(role: str, stage: str) -> str:
-    text = (ROOT / "services" / role / "Dockerfile").read_text()
-    return text.split(f" AS {stage}\n", 1)[1].split("\nFROM ", 1)[0]
-
-
-def dockerfile_json(body: str, instruction: str) -> list[str]:
-    """The exec-form (JSON array) argument of ENTRYPOINT or of HEALTHCHECK's CMD, line continuations joined."""
-    joined = body.replace("\\\n", " ")
-    line = re.search(rf"^{instruction}\b.*$", joined, re.MULTILINE).group(0)
-    return json.loads(line[line.index("["):])
-
 
 def grpc_serving(port: int) -> bool:
     """grpc.health.v1 Check with the empty service name: what a k8s `grpc:` probe sends."""
@@ -400,8 +601,10 @@ COMPOSE_ORDER = ("reward", "explorer", "regenerator", "trainer")
 
 class ComposeAsProcesses:
     """docker-compose.cpu.yml as `docker-compose config` resolves it (its own interpolation of the
-    user's environment), each service started as its container would be: the Dockerfile's ENTRYPOINT
-    (`solrl serve <role>`), the service's `command` and `environment`. What a container network gives
+    user's environment), each service started as its container would be: the ENTRYPOINT of the image its
+    `build` section makes of services/Dockerfile (`solrl serve <role>`, run verbatim with `solrl` on PATH),
+    the service's `command`, the image's SOLRL_* ENV under the service's `environment` (the image's other
+    ENV names container paths: HF_HOME=/cache/hf). What a container network gives
     is moved to this machine: every `service:port` to 127.0.0.1 and a free port, Redis to the local
     server (a fresh namespace), the `runs` volume to a directory."""
 
@@ -411,6 +614,8 @@ class ComposeAsProcesses:
                              capture_output=True, env={**os.environ, **user_env})
         self.compose = yaml.safe_load(out.stdout)
         self.services = self.compose["services"]
+        self.images = {name: dockerfile_image({k: str(v) for k, v in self.services[name]["build"]["args"].items()},
+                                              self.services[name]["build"]["target"]) for name in COMPOSE_ORDER}
         self.tmp, self.runs = tmp, tmp / "runs"
         self.runs.mkdir(parents=True, exist_ok=True)
         self.moved = {"redis:6379": "127.0.0.1:6379"}
@@ -426,7 +631,7 @@ class ComposeAsProcesses:
         return int(self.moved[f"{name}:{self.services[name]['environment'][key]}"].rpartition(":")[2])
 
     def env(self, name: str) -> dict[str, str]:
-        env = {}
+        env = {k: v for k, v in self.images[name].env.items() if k.startswith("SOLRL_")}
         for key, value in self.services[name]["environment"].items():
             value = str(value)
             for there, here in self.moved.items():
@@ -440,8 +645,6 @@ class ComposeAsProcesses:
         return env
 
     def argv(self, name: str) -> list[str]:
-        entry = dockerfile_json(dockerfile_stage(name, "cpu"), "ENTRYPOINT")
-        assert entry[:3] == ["solrl", "serve", name]
         volumes = [str(v) for v in self.services[name].get("volumes", [])]
         args = []
         for a in self.services[name].get("command", []):
@@ -451,14 +654,17 @@ class ComposeAsProcesses:
                 assert "runs" in self.compose["volumes"]
                 a = str(self.runs / a.removeprefix("/runs/"))
             args.append(a)
-        return [tool("solrl"), *entry[1:], *args]
+        image = self.images[name]
+        assert entry_command(image, args, self.env(name)) == ["solrl", "serve", name, *args]
+        return [*image.entrypoint, *args]
 
     def start(self, name: str, wait: bool = True) -> subprocess.Popen:
         log_path = self.tmp / f"{name}-{len(self.logs)}.log"
         self.logs.append(log_path)
         with open(log_path, "w") as log:
+            path = f"{Path(tool('solrl')).parent}{os.pathsep}{os.environ['PATH']}"   # solrl on PATH, as in the image
             proc = subprocess.Popen(self.argv(name), cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **self.env(name), "OMP_NUM_THREADS": "1"})
+                                    env={**os.environ, **self.env(name), "OMP_NUM_THREADS": "1", "PATH": path})
         self.procs[name] = proc
         deadline = time.monotonic() + 120
         while wait and not grpc_serving(self.port(name, ENV_GRPC_PORT)):
@@ -468,12 +674,8 @@ class ComposeAsProcesses:
         return proc
 
     def healthcheck(self, name: str, port: int) -> int:
-        """The Dockerfile's HEALTHCHECK command, verbatim, against `port`."""
-        check = dockerfile_json(dockerfile_stage(name, "cpu"), "HEALTHCHECK")
-        assert check[0] == "python"
-        proc = subprocess.run([sys.executable, *check[1:]], capture_output=True, text=True, timeout=30, check=False,
-                              env={**os.environ, ENV_HTTP_PORT: str(port)})
-        return proc.returncode
+        """The image's HEALTHCHECK command, verbatim, against `port`."""
+        return run_healthcheck(self.images[name], {ENV_HTTP_PORT: str(port)})
 
     def wait(self, name: str, timeout: float) -> int:
         try:
