@@ -133,12 +133,14 @@ class RemoteSession:
             from solrl.proxy import parse_candidate
 
             c = parse_candidate(sess.proxy.current)
-            proxy = {"precision": c.backend, "precision_policy": c.policy}
+            proxy = {"precision": c.backend, "precision_policy": c.policy, "label": c.label}
             rec["explore.proxy"] = sess.proxy.current
         for job_id, p in jobs.items():
             job = common_pb2.ExploreJob(job_id=job_id, run_id=self.run_id, prompt=prompts[p], seeds=seeds[p],
                                         steps=sess.explore_steps(), kept=r.kept, selection=r.selection,
-                                        min_adapter_version=sess.version, sampler=sampler, **proxy)
+                                        min_adapter_version=sess.version, sampler=sampler,
+                                        precision=proxy.get("precision", ""),
+                                        precision_policy=proxy.get("precision_policy", ""))
             published[job_id] = self.queue.publish(STREAM_EXPLORE, job.SerializeToString(), key=job_id,
                                                    timeout_s=self.rollout_timeout_s)
         got = self.collect(jobs, r.kept, published)
@@ -147,7 +149,7 @@ class RemoteSession:
         order = sorted(got)  # (prompt index, kept position): the embedded loop's order
         rolls = [got[key] for key in order]
         if proxy:
-            want = proxy["precision"] + ("" if proxy["precision_policy"] == "reference" else f"/{proxy['precision_policy']}")
+            want = proxy["label"]
             wrong = sorted({ro.proxy for ro in rolls if ro.proxy != want})
             if wrong:
                 raise RuntimeError(f"epoch {epoch + 1}: the explorers sampled with {wrong}, the adaptive proxy asked "

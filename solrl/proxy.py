@@ -43,22 +43,48 @@ class Candidate:
     def name(self) -> str:
         return f"{self.backend}@{self.steps}" + (f"/{self.policy}" if self.policy != "reference" else "")
 
+    @property
+    def label(self) -> str:
+        """The precision part of the name (what an explorer reports it sampled with)."""
+        return proxy_label(self.backend, self.policy)
 
-def parse_candidate(text: str) -> Candidate:
-    """FORMAT@STEPS or FORMAT@STEPS/POLICY, e.g. nvfp4-emu@6 or fp8-e4m3-emu@4/keep-first-block."""
+
+def proxy_label(backend: str, policy: str = "") -> str:
+    """"BACKEND" or "BACKEND/POLICY" (the reference policy is left out)."""
+    return backend if policy in ("", "reference") else f"{backend}/{policy}"
+
+
+class ProxyPartError(ValueError):
+    """An unknown format or policy; `part` says which ("format" | "policy"), so a caller can name its field."""
+
+    def __init__(self, part: str, message: str) -> None:
+        super().__init__(message)
+        self.part = part
+
+
+def check_proxy_parts(backend: str, policy: str = "") -> str:
+    """The policy ("reference" when empty) after checking that both the format and the policy exist."""
     from solrl.precision import available_backends
     from solrl.precision.policy import POLICIES
 
+    if backend not in available_backends():
+        raise ProxyPartError("format", f"unknown format {backend!r}; available: {available_backends()}")
+    policy = policy or "reference"
+    if policy not in POLICIES:
+        raise ProxyPartError("policy", f"unknown policy {policy!r}; available: {sorted(POLICIES)}")
+    return policy
+
+
+def parse_candidate(text: str) -> Candidate:
+    """FORMAT@STEPS or FORMAT@STEPS/POLICY, e.g. nvfp4-emu@6 or fp8-e4m3-emu@4/keep-first-block."""
     head, _, policy = str(text).partition("/")
     backend, at, steps = head.partition("@")
     if not at or not steps.isdigit() or int(steps) < 1:
         raise ValueError(f"rollout.proxy.candidates: {text!r} is not FORMAT@STEPS[/POLICY] (e.g. nvfp4-emu@6)")
-    if backend not in available_backends():
-        raise ValueError(f"rollout.proxy.candidates: {text!r}: unknown format {backend!r}; available: "
-                         f"{available_backends()}")
-    policy = policy or "reference"
-    if policy not in POLICIES:
-        raise ValueError(f"rollout.proxy.candidates: {text!r}: unknown policy {policy!r}; available: {sorted(POLICIES)}")
+    try:
+        policy = check_proxy_parts(backend, policy)
+    except ProxyPartError as exc:
+        raise ValueError(f"rollout.proxy.candidates: {text!r}: {exc}") from None
     return Candidate(backend, int(steps), policy)
 
 

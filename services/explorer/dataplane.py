@@ -116,18 +116,15 @@ class ExplorerDataPlane(RolloutPlane):
                         ) -> tuple[PrecisionConfig, str]:
         """The serving precision of a requested proxy (backend + per-layer policy, the model's own skips
         included) and its label; errors name the request field."""
-        from solrl.precision import available_backends
-        from solrl.precision.policy import POLICIES, policy_config
+        from solrl.precision.policy import policy_config
+        from solrl.proxy import ProxyPartError, check_proxy_parts, proxy_label
 
         f = {**FIELDS, **fields}
-        if backend not in available_backends():
-            raise ValueError(f"{f['precision']}: unknown precision {backend!r}; this explorer serves "
-                             f"{available_backends()}")
-        policy = policy or "reference"
-        if policy not in POLICIES:
-            raise ValueError(f"{f['policy']}: unknown precision policy {policy!r}; available: {sorted(POLICIES)}")
-        label = backend if policy == "reference" else f"{backend}/{policy}"
-        return policy_config(backend, policy, self.model.spec), label
+        try:
+            policy = check_proxy_parts(backend, policy)
+        except ProxyPartError as exc:
+            raise ValueError(f"{f['precision'] if exc.part == 'format' else f['policy']}: {exc}") from None
+        return policy_config(backend, policy, self.model.spec), proxy_label(backend, policy)
 
     # ------------------------------------------------------------------ exploring
 
