@@ -22,3 +22,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def reward_service():
+    """A running reward service (shapes and jpeg_compressibility, 1 ms batching) on free ports, per test module."""
+    from services.common.metrics import ServiceMetrics
+    from services.reward.dataplane import RewardDataPlane
+    from services.reward.server import start
+
+    metrics = ServiceMetrics("reward")
+    plane = RewardDataPlane.build(["shapes", "jpeg_compressibility"], max_delay_ms=1.0, observe=metrics.observe_batch)
+    svc = start(plane, metrics, host="127.0.0.1")
+    yield svc
+    svc.stop(grace=0.5)

@@ -18,9 +18,6 @@ import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
-from services.common.metrics import ServiceMetrics
-from services.reward.dataplane import RewardDataPlane
-from services.reward.server import start
 from solrl.rewards import build_reward
 from solrl.world.shapes import parse, render
 
@@ -28,12 +25,8 @@ PROMPTS = ["a red circle", "two blue squares"]
 
 
 @pytest.fixture(scope="module")
-def service():
-    metrics = ServiceMetrics("reward")
-    plane = RewardDataPlane.build(["shapes", "jpeg_compressibility"], max_delay_ms=1.0, observe=metrics.observe_batch)
-    svc = start(plane, metrics, host="127.0.0.1")
-    yield svc
-    svc.stop(grace=0.5)
+def service(reward_service):
+    return reward_service
 
 
 @pytest.fixture(scope="module")

@@ -89,12 +89,8 @@ class FailingScorer:
 
 
 @pytest.fixture(scope="module")
-def service():
-    metrics = ServiceMetrics("reward")
-    plane = RewardDataPlane.build(["shapes", "jpeg_compressibility"], max_delay_ms=1.0, observe=metrics.observe_batch)
-    svc = start(plane, metrics, host="127.0.0.1")
-    yield svc
-    svc.stop(grace=0.5)
+def service(reward_service):
+    return reward_service
 
 
 @pytest.fixture(scope="module")
