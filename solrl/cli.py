@@ -411,8 +411,9 @@ def _build_parser() -> argparse.ArgumentParser:
                        ("trainer", "trainer: drives explorers/regenerators through Redis, pushes adapters")):
         roles.add_parser(role, help=text, add_help=False)
     for role in ("reward", "explorer", "regenerator", "trainer"):
-        # the role's own options are parsed when the role runs: importing a service (grpc, torch, its stubs)
-        # only to build this parser would make every `solrl` command slow
+        # the role's own options are parsed when the role runs (services.<role>.args, light; the server module,
+        # with grpc, torch and its stubs, only after): importing them only to build this parser would slow every
+        # `solrl` command
         roles.choices[role].set_defaults(fn=lambda a, role=role: _serve(role, a.service_args), takes_extra=True)
 
     up = sub.add_parser("up", help="start every role as a local process against a Redis URL (Ctrl-C stops all)")
@@ -449,16 +450,21 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(role: str, argv: list[str]) -> int:
-    """`solrl serve <role> [options]`: the container entry point. The role's module (and its options) load
-    here; the services' logging is set up first."""
+    """`solrl serve <role> [options]`: the container entry point. The role's options come from its light
+    services.<role>.args (no grpc, torch: `--help` and option errors are fast); its server module (grpc,
+    torch, the stubs) loads once they parse, and the services' logging is set up before it runs."""
+    try:
+        options = importlib.import_module(f"services.{role}.args")
+    except ImportError as err:
+        return _missing_services(err)
+    parser = argparse.ArgumentParser(prog=f"solrl serve {role}", formatter_class=_Help)
+    options.add_arguments(parser)
+    args = parser.parse_args(argv)
     try:  # the service shells need the generated stubs (`make protos`); the core CLI does not
         module = importlib.import_module(f"services.{role}.server")
         from services.common.logs import configure_logging
     except ImportError as err:
         return _missing_services(err)
-    parser = argparse.ArgumentParser(prog=f"solrl serve {role}", formatter_class=_Help)
-    module.add_arguments(parser)
-    args = parser.parse_args(argv)
     try:
         configure_logging()
     except ValueError as err:

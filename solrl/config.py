@@ -21,6 +21,9 @@ from solrl.precision import PrecisionConfig
 MODES = ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant")
 SELECTIONS = ("best_worst", "random", "mean_deviation", "extremes_random")
 SOLVERS = ("euler", "dpm2")
+# The built-in model registry's names (solrl.models.available_models(), sorted), here without torch for
+# command-line choices; tests/test_cli_fast.py keeps the two equal.
+MODEL_NAMES = ("flux1-dev", "sana1.5-1.6b", "sd3.5-large", "shapes")
 
 
 class ConfigError(ValueError):

@@ -19,6 +19,71 @@ def test_help_does_not_import_torch_or_the_services() -> None:
     assert out == "[]"
 
 
+HEAVY = ("torch", "torchao", "diffusers", "grpc", "tritonclient", "fastapi")
+ROLE_PORTS = {"reward": 8001, "explorer": 8011, "regenerator": 8021, "trainer": 8031}
+
+
+@pytest.mark.parametrize("role", sorted(ROLE_PORTS))
+def test_serve_role_help_does_not_import_torch_grpc_or_the_server(role: str) -> None:
+    """`solrl serve ROLE --help` builds the role's parser from services.<role>.args alone: no torch, grpc,
+    tritonclient, fastapi, and not the role's server module (the role runs only after its options parse)."""
+    code = ("import sys, solrl.cli\n"
+            "try:\n"
+            f"    solrl.cli.main(['serve', {role!r}, '--help'])\n"
+            "except SystemExit as e:\n"
+            "    assert e.code in (0, None), e.code\n"
+            f"print('HEAVY', sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+            "print('SERVICES', sorted(m for m in sys.modules if m.startswith('services.') and "
+            "not m.endswith('.args') and m not in ('services.common', 'services.common.env', "
+            f"'services.{role}')))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SOLRL_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": os.getcwd(), "COLUMNS": "120"})
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert f"usage: solrl serve {role}" in out and "--grpc-port" in out, out
+    assert f"(default: {ROLE_PORTS[role]})" in out, out
+    assert "HEAVY []" in out and "SERVICES []" in out, out
+
+
+def test_the_static_choice_lists_match_the_registries() -> None:
+    """The torch-free name lists the service options offer as choices are the registries' own."""
+    from solrl.algo.selection import SELECTION_MODES
+    from solrl.config import MODEL_NAMES, SELECTIONS
+    from solrl.models import available_models
+    from solrl.precision import BACKEND_NAMES, available_backends
+
+    assert list(BACKEND_NAMES) == available_backends()
+    assert list(MODEL_NAMES) == available_models()
+    assert SELECTIONS == SELECTION_MODES
+
+
+def test_the_services_use_the_light_modules_options_and_names() -> None:
+    """The options and names moved to the light modules are still importable from where they were."""
+    from services.common import adapter_reload, rollout_plane, rollout_shell, workers
+    from services.common.args import (
+        DEFAULT_MAX_ADAPTER_BYTES,
+        DEFAULT_NAMESPACE,
+        add_consumer_arguments,
+        add_model_arguments,
+    )
+    from services.common.env import ENV_ADAPTER_TOKEN, ENV_QUEUE_NAMESPACE, ENV_REDIS_URL, ENV_REWARD_ADDR
+    from services.explorer import args as explorer_args
+    from services.explorer import server as explorer_server
+    from services.trainer import args as trainer_args
+    from services.trainer import server as trainer_server
+
+    assert (adapter_reload.DEFAULT_MAX_ADAPTER_BYTES, adapter_reload.ENV_ADAPTER_TOKEN) == (DEFAULT_MAX_ADAPTER_BYTES,
+                                                                                            ENV_ADAPTER_TOKEN)
+    assert (workers.DEFAULT_NAMESPACE, workers.ENV_REDIS_URL, workers.ENV_QUEUE_NAMESPACE) == (
+        DEFAULT_NAMESPACE, ENV_REDIS_URL, ENV_QUEUE_NAMESPACE)
+    assert rollout_plane.ENV_REWARD_ADDR == ENV_REWARD_ADDR
+    assert rollout_shell.add_model_arguments is add_model_arguments
+    assert workers.add_consumer_arguments is add_consumer_arguments
+    assert explorer_server.add_arguments is explorer_args.add_arguments
+    assert trainer_server.add_arguments is trainer_args.add_arguments
+
+
 def test_the_cli_bench_times_every_help_against_importing_torch(tmp_path) -> None:
     """The speed itself is a benchmark figure (`solrl bench cli`, README), not a timed test: here, that the
     bench runs every subcommand's help and reports it beside the torch import."""

@@ -308,8 +308,7 @@ def test_load_adapter_and_trainer_status(servers):
                      st.binary(min_size=8, max_size=64).map(lambda b: good[:8] + b)),
            st.sampled_from([0, 1, 1, -1, 2**62]), st.one_of(text, st.just(sha256_hex(good))), auths)
     def load(service, data, version, sha, auth):
-        req = (explorer_pb2 if service == "explorer" else regenerator_pb2).LoadAdapterRequest(
-            safetensors=data, version=version, sha256=sha)
+        req = common_pb2.LoadAdapterRequest(safetensors=data, version=version, sha256=sha)  # both roles (common.v1)
         method = f"/solrl.{service}.v1.{service.capitalize()}/LoadAdapter"
         servers.call(service, method, req.SerializeToString(), auth_metadata(auth))
 

@@ -42,6 +42,8 @@ from prometheus_client import Counter, Gauge
 from starlette.concurrency import run_in_threadpool
 from torch import Tensor, nn
 
+from services.common.args import DEFAULT_MAX_ADAPTER_BYTES
+from services.common.env import ENV_ADAPTER_TOKEN
 from services.common.errors import UnavailableError
 from services.common.metrics import ServiceMetrics
 from solrl.adapters import LoraSpec, decode_adapter, sha256_hex
@@ -53,8 +55,6 @@ from solrl.precision.base import with_model_skips
 
 log = logging.getLogger(__name__)
 
-ENV_ADAPTER_TOKEN = "SOLRL_ADAPTER_TOKEN"
-DEFAULT_MAX_ADAPTER_BYTES = 512 << 20
 VERSION_HEADER = "X-Adapter-Version"
 SHA256_HEADER = "X-Adapter-Sha256"
 

@@ -1,4 +1,5 @@
-"""Addresses from the environment. Only service shells read these; the core library never does."""
+"""Addresses and settings from the environment: the SOLRL_* names the service shells read (the core library
+never does). Light on purpose (no grpc, torch): the command-line options (services.*.args) build from it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ ENV_HTTP_PORT = "SOLRL_HTTP_PORT"
 ENV_PRESET = "SOLRL_PRESET"
 ENV_SET = "SOLRL_SET"
 ENV_TRAINER_URL = "SOLRL_TRAINER_URL"   # the trainer's ops URL a rollout service fetches the current adapter from
+ENV_REWARD_ADDR = "SOLRL_REWARD_ADDR"   # host:port of the reward service a rollout service scores with
+ENV_ADAPTER_TOKEN = "SOLRL_ADAPTER_TOKEN"   # the bearer token of adapter pushes and fetches (never a flag)
+ENV_REDIS_URL = "SOLRL_REDIS_URL"   # the work queue
+ENV_QUEUE_NAMESPACE = "SOLRL_QUEUE_NAMESPACE"
 
 
 def _port(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -58,6 +63,13 @@ def split_overrides(text: str) -> list[str]:
     if bad:
         raise ValueError(f"{ENV_SET}: expected KEY=VALUE items, got {bad}")
     return items
+
+
+def add_address_arguments(p: argparse.ArgumentParser, addr: Addresses) -> None:
+    """--host, --grpc-port and --http-port with `addr` (`Addresses.from_env`) as defaults."""
+    p.add_argument("--host", default=addr.host, help="bind address (env SOLRL_BIND_HOST)")
+    p.add_argument("--grpc-port", type=int, default=addr.grpc_port, help="gRPC port, 0 = any (env SOLRL_GRPC_PORT)")
+    p.add_argument("--http-port", type=int, default=addr.http_port, help="ops HTTP port, 0 = any (env SOLRL_HTTP_PORT)")
 
 
 def add_run_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], role: str) -> None:

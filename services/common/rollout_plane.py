@@ -13,6 +13,7 @@ import numpy as np
 
 import solrl
 from services.common.adapter_reload import HotSwapModel, serving_precision
+from services.common.env import ENV_REWARD_ADDR  # noqa: F401 (re-exported for callers of this module)
 from services.common.errors import NotFoundError, UnavailableError
 from services.common.grpc_server import MAX_GRPC_MESSAGE_SIZE
 from services.common.tensors import numpy_to_tensor
@@ -24,7 +25,6 @@ from solrl.rewards import Scorer, build_reward
 from solrl.rollout import PromptCache, SamplerSpec
 from solrl.sampling.noise import SEED_LIMIT
 
-ENV_REWARD_ADDR = "SOLRL_REWARD_ADDR"
 ODE_SOLVERS = ("euler", "dpm2")  # rollouts are deterministic ODE samples (the SDE needs a noise stream)
 
 

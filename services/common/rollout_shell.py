@@ -14,29 +14,24 @@ from typing import Any
 import torch
 
 from services.common.adapter_reload import (
-    DEFAULT_MAX_ADAPTER_BYTES,
     ENV_ADAPTER_TOKEN,
     AdapterEndpoint,
     AdapterFetcher,
     HotSwapModel,
 )
-from services.common.env import (
-    ENV_TRAINER_URL,
-    Addresses,
-    add_run_arguments,
-    split_overrides,
-)
+from services.common.args import add_model_arguments  # noqa: F401 (re-exported: the options live there, light)
+from services.common.env import split_overrides
 from services.common.grpc_server import GrpcServer
 from services.common.lifecycle import RunningService, serve_until_stopped
 from services.common.metrics import ServiceMetrics
 from services.common.ops import HttpServer, create_ops_app
-from services.common.rollout_plane import ENV_REWARD_ADDR, build_scorer
+from services.common.rollout_plane import build_scorer
 from services.common.workers import start_consumer
 from solrl.adapters import LoraSpec
 from solrl.config import resolve
 from solrl.models import available_models, load_model
 from solrl.models.base import T2IModel
-from solrl.precision import PrecisionConfig, available_backends, build_backend
+from solrl.precision import PrecisionConfig, build_backend
 
 
 @dataclass
@@ -107,46 +102,6 @@ _FROM_RUN = {
     "kept": lambda c, role: c.rollout.kept,
     "selection": lambda c, role: c.rollout.selection,
 }
-
-
-def add_model_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], *, precision: str,
-                        steps: int, grpc_port: int, http_port: int) -> None:
-    """Options shared by the explorer and the regenerator. Model, precisions, reward and sampling
-    defaults left unset come from the run config (`settle_role_args`)."""
-    addr = Addresses.from_env(environ, grpc_port=grpc_port, http_port=http_port)
-    p.set_defaults(role_defaults={"model": "shapes", "model_path": None, "base_precision": "bf16",
-                                  "reward": "shapes", "micro_batch": 64, "precision": precision, "steps": steps})
-    add_run_arguments(p, environ, "rollout")
-    p.add_argument("--model", default=None, choices=available_models(),
-                   help="model registry name (default: the run's model.name, else shapes)")
-    p.add_argument("--model-path", default=None, help="local weights directory (default: the run's model.path)")
-    p.add_argument("--precision", default=None, choices=available_backends(),
-                   help=f"serving precision backend (default: the run's, else {precision})")
-    p.add_argument("--base-precision", default=None, choices=("bf16", "fp32"),
-                   help="precision the trainer holds its base weights in (default: the run's rollout.precision, "
-                        "else bf16); adapters are merged into base weights rounded the same way")
-    p.add_argument("--lora-rank", type=int, default=None,
-                   help="pin the LoRA rank pushed adapters must have (default: each adapter's own, from its metadata)")
-    p.add_argument("--lora-alpha", type=float, default=None, help="pin the LoRA alpha (with --lora-rank)")
-    p.add_argument("--lora-targets", default="",
-                   help="pin the LoRA target modules, comma-separated (with --lora-rank; default: the model's)")
-    p.add_argument("--reward", default=None, help="reward (scorer) name (default: the run's, else shapes)")
-    p.add_argument("--reward-addr", default=environ.get(ENV_REWARD_ADDR, ""),
-                   help=f"host:port of a reward service to score with (env {ENV_REWARD_ADDR}; empty: in process)")
-    p.add_argument("--steps", type=int, default=None, help=f"default sampling steps (default: the run's, else {steps})")
-    p.add_argument("--micro-batch", type=int, default=None, help="images per model forward (default: the run's, else 64)")
-    p.add_argument("--version-wait-s", type=float, default=30.0,
-                   help="how long a request for a newer adapter version waits for it")
-    p.add_argument("--trainer-url", default=environ.get(ENV_TRAINER_URL, ""),
-                   help=f"the trainer's ops URL (env {ENV_TRAINER_URL}, e.g. http://trainer:8093): fetch the current "
-                        "adapter from it at start and whenever a job needs a newer one than was pushed here")
-    p.add_argument("--max-adapter-bytes", type=int, default=DEFAULT_MAX_ADAPTER_BYTES,
-                   help="largest LoadAdapter payload accepted (bytes)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--host", default=addr.host, help="bind address (env SOLRL_BIND_HOST)")
-    p.add_argument("--grpc-port", type=int, default=addr.grpc_port, help="gRPC port, 0 = any (env SOLRL_GRPC_PORT)")
-    p.add_argument("--http-port", type=int, default=addr.http_port, help="ops HTTP port, 0 = any (env SOLRL_HTTP_PORT)")
-    p.add_argument("--max-workers", type=int, default=16, help="gRPC handler threads (RPCs in flight)")
 
 
 def settle_role_args(args: argparse.Namespace, role: str) -> argparse.Namespace:

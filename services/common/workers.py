@@ -11,13 +11,17 @@ that fails is left un-acked, so the queue redelivers it (and dead-letters it aft
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
+from services.common.args import (  # noqa: F401 (re-exported: the options and names live there, light)
+    DEFAULT_NAMESPACE,
+    add_consumer_arguments,
+)
+from services.common.env import ENV_QUEUE_NAMESPACE, ENV_REDIS_URL  # noqa: F401 (re-exported)
 from services.common.rollout_plane import resolve_sampler
 from services.common.tensors import torch_to_tensor
 from services.explorer.dataplane import JOB_FIELDS, ExplorerDataPlane
@@ -42,10 +46,6 @@ from solrl.queue import (
 )
 
 log = logging.getLogger("solrl.services.workers")
-
-ENV_REDIS_URL = "SOLRL_REDIS_URL"
-ENV_QUEUE_NAMESPACE = "SOLRL_QUEUE_NAMESPACE"
-DEFAULT_NAMESPACE = "solrl:default"
 
 # (key, serialized message) pairs to publish for one consumed message
 Results = Sequence[tuple[str, bytes]]
@@ -177,16 +177,6 @@ def explorer_worker(queue: Queue, plane: ExplorerDataPlane, **kwargs) -> StreamW
 def regenerator_worker(queue: Queue, plane: RegeneratorDataPlane, **kwargs) -> StreamWorker:
     return StreamWorker(queue, STREAM_REGENERATE, GROUP_REGENERATORS, STREAM_ROLLOUTS, regenerate_handler(plane),
                         **kwargs)
-
-
-def add_consumer_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    """--redis-url / --queue-namespace for the rollout services (no URL: no consumer, as before)."""
-    p.add_argument("--redis-url", default=environ.get(ENV_REDIS_URL, ""),
-                   help=f"consume jobs from this work queue (env {ENV_REDIS_URL}; empty: serve RPCs only)")
-    p.add_argument("--queue-namespace", default=environ.get(ENV_QUEUE_NAMESPACE, "") or DEFAULT_NAMESPACE,
-                   help=f"queue key namespace (env {ENV_QUEUE_NAMESPACE})")
-    p.add_argument("--claim-idle-ms", type=int, default=QueueConfig.claim_idle_ms,
-                   help="reclaim a job another worker took but left un-acked for this long (a dead worker's)")
 
 
 def start_consumer(role: str, plane: ExplorerDataPlane | RegeneratorDataPlane, redis_url: str,

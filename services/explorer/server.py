@@ -16,7 +16,6 @@ adapter refusals in services.common.adapter_reload.REJECTIONS.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -37,14 +36,13 @@ from services.common.grpc_server import (
 )
 from services.common.lifecycle import run_main
 from services.common.metrics import ServiceMetrics
-from services.common.rollout_shell import (
-    RolloutService,
-    add_model_arguments,
-    run_rollout_role,
-    serve,
-)
+from services.common.rollout_shell import RolloutService, run_rollout_role, serve
 from services.common.tensors import DEFAULT_MAX_TENSOR_BYTES
-from services.common.workers import add_consumer_arguments
+from services.explorer.args import (  # noqa: F401 (the options live there, light; re-exported here)
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HTTP_PORT,
+    add_arguments,
+)
 from services.explorer.dataplane import (
     JOB_FIELDS,
     OPTIONAL_INPUTS,
@@ -53,13 +51,10 @@ from services.explorer.dataplane import (
 )
 from services.kserve.grpc import InferenceServicer
 from services.kserve.http import mount_kserve_http
-from solrl.algo.selection import SELECTION_MODES
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
 from solrl.precision import PrecisionConfig
 
-DEFAULT_GRPC_PORT = 8011
-DEFAULT_HTTP_PORT = 8091
 SERVER_NAME = "solrl-explorer"
 
 
@@ -141,16 +136,7 @@ def start(plane: ExplorerDataPlane, metrics: ServiceMetrics, *, host: str = "127
 
 
 # ---------------------------------------------------------------------- command line
-
-def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
-    """The explorer's command-line options (for `solrl serve explorer` too)."""
-    add_model_arguments(p, os.environ if environ is None else environ, precision="nvfp4-emu", steps=6,
-                        grpc_port=DEFAULT_GRPC_PORT, http_port=DEFAULT_HTTP_PORT)
-    p.add_argument("--kept", type=int, default=None, help="default seeds kept per prompt (k; default: the run's, else 24)")
-    p.add_argument("--selection", default=None, choices=SELECTION_MODES,
-                   help="default selection mode (default: the run's, else best_worst)")
-    add_consumer_arguments(p, os.environ if environ is None else environ)
-
+# (the options, add_arguments: services/explorer/args.py)
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None,
         environ: Mapping[str, str] | None = None) -> int:

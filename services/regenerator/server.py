@@ -13,7 +13,6 @@ the explorer live in services.common.rollout_shell and services.common.rollout_p
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -30,21 +29,18 @@ from services.common.grpc_server import (
 from services.common.lifecycle import run_main
 from services.common.metrics import ServiceMetrics
 from services.common.rollout_plane import resolve_sampler
-from services.common.rollout_shell import (
-    RolloutService,
-    add_model_arguments,
-    run_rollout_role,
-    serve,
-)
+from services.common.rollout_shell import RolloutService, run_rollout_role, serve
 from services.common.tensors import numpy_to_tensor, torch_to_tensor
-from services.common.workers import add_consumer_arguments
+from services.regenerator.args import (  # noqa: F401 (the options live there, light; re-exported here)
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HTTP_PORT,
+    add_arguments,
+)
 from services.regenerator.dataplane import RegeneratorDataPlane
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.regenerator.v1 import regenerator_pb2, regenerator_pb2_grpc
 from solrl.precision import PrecisionConfig
 
-DEFAULT_GRPC_PORT = 8021
-DEFAULT_HTTP_PORT = 8092
 FIELDS = {"prompt": "selection.prompt", "seeds": "selection.seeds", "steps": "selection.sampler.steps",
           "min_version": "selection.adapter_version.version"}
 
@@ -117,13 +113,6 @@ def start(plane: RegeneratorDataPlane, metrics: ServiceMetrics, *, host: str = "
                  lambda adapters: build_server(plane, adapters, host=host, port=grpc_port, max_workers=max_workers,
                                                metrics=metrics),
                  host=host, http_port=http_port, adapter_token=adapter_token, max_adapter_bytes=max_adapter_bytes)
-
-
-def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
-    """The regenerator's command-line options (for `solrl serve regenerator` too)."""
-    add_model_arguments(p, os.environ if environ is None else environ, precision="bf16", steps=10,
-                        grpc_port=DEFAULT_GRPC_PORT, http_port=DEFAULT_HTTP_PORT)
-    add_consumer_arguments(p, os.environ if environ is None else environ)
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None,

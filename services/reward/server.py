@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from services.common.env import Addresses
 from services.common.grpc_server import (
     DEFAULT_MAX_RECEIVE_BYTES,
     GrpcServer,
@@ -39,14 +37,17 @@ from services.common.ops import HttpServer, create_ops_app
 from services.common.tensors import DEFAULT_MAX_TENSOR_BYTES, tensor_to_numpy
 from services.kserve.grpc import InferenceServicer
 from services.kserve.http import mount_kserve_http
+from services.reward.args import (  # noqa: F401 (the options live there, light; re-exported here)
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HTTP_PORT,
+    DEFAULT_REWARDS,
+    add_arguments,
+)
 from services.reward.dataplane import RewardDataPlane
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
 
 log = logging.getLogger("solrl.services.reward")
 
-DEFAULT_GRPC_PORT = 8001  # Triton's gRPC port
-DEFAULT_HTTP_PORT = 8080
-DEFAULT_REWARDS = ("shapes", "shapes_dense", "jpeg_compressibility")   # need no weights
 SERVER_NAME = "solrl-reward"
 
 
@@ -123,21 +124,6 @@ def start(plane: RewardDataPlane, metrics: ServiceMetrics, *, host: str = "127.0
         plane.close()
         raise
     return RewardService(plane, server, http, metrics, stopping)
-
-
-def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
-    """The reward service's command-line options (for `solrl serve reward` too)."""
-    addr = Addresses.from_env(os.environ if environ is None else environ,
-                              grpc_port=DEFAULT_GRPC_PORT, http_port=DEFAULT_HTTP_PORT)
-    p.add_argument("--rewards", default=",".join(DEFAULT_REWARDS),
-                   help="comma-separated rewards to serve; start-up fails naming any that cannot be built "
-                        f"(default: {','.join(DEFAULT_REWARDS)}, the ones that need no weights)")
-    p.add_argument("--host", default=addr.host, help="bind address (env SOLRL_BIND_HOST)")
-    p.add_argument("--grpc-port", type=int, default=addr.grpc_port, help="gRPC port, 0 = any (env SOLRL_GRPC_PORT)")
-    p.add_argument("--http-port", type=int, default=addr.http_port, help="ops HTTP port, 0 = any (env SOLRL_HTTP_PORT)")
-    p.add_argument("--max-batch", type=int, default=64, help="images per scorer call")
-    p.add_argument("--max-delay-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
-    p.add_argument("--max-workers", type=int, default=16, help="gRPC handler threads (RPCs in flight)")
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:

@@ -38,7 +38,7 @@ from services.common.adapter_reload import (
     VERSION_HEADER,
     bearer_token,
 )
-from services.common.env import Addresses, add_run_arguments, split_overrides
+from services.common.env import split_overrides
 from services.common.grpc_server import (
     MAX_GRPC_MESSAGE_SIZE,
     GrpcService,
@@ -48,10 +48,13 @@ from services.common.grpc_server import (
 from services.common.lifecycle import run_main, stop_on_signals
 from services.common.metrics import ServiceMetrics, TrainingMetrics
 from services.common.ops import HttpServer, create_ops_app
-from services.common.workers import (
-    DEFAULT_NAMESPACE,
-    ENV_QUEUE_NAMESPACE,
-    ENV_REDIS_URL,
+from services.common.workers import ENV_REDIS_URL
+from services.trainer.args import (  # noqa: F401 (the options live there, light; re-exported here)
+    DEFAULT_GRPC_PORT,
+    DEFAULT_HTTP_PORT,
+    ENV_EXPLORER_ADDRS,
+    ENV_REGENERATOR_ADDRS,
+    add_arguments,
 )
 from solrl.checkpoint import latest_checkpoint
 from solrl.config import ConfigError, RunConfig, resolve_run
@@ -65,12 +68,6 @@ from solrl.precision.base import same_format
 from solrl.queue import QueueConfig, build_queue
 
 log = logging.getLogger("solrl.services.trainer")
-
-DEFAULT_GRPC_PORT = 8031
-DEFAULT_HTTP_PORT = 8093
-ENV_EXPLORER_ADDRS = "SOLRL_EXPLORER_ADDRS"
-ENV_REGENERATOR_ADDRS = "SOLRL_REGENERATOR_ADDRS"
-
 
 ALL_PREFIX = "all+"  # "all+host:port": every address the name resolves to (a headless Service's pods)
 
@@ -294,34 +291,6 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             run_id=st.run_id, state=self.state(), epoch=st.epoch, optimizer_step=st.optimizer_step,
             adapter_version=common_pb2.AdapterVersion(version=st.adapter_version, sha256=st.adapter_sha256),
             mean_reward=st.mean_reward, rollouts_consumed=st.rollouts_consumed)
-
-
-def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None = None) -> None:
-    """The trainer's command-line options (for `solrl serve trainer` too)."""
-    environ = os.environ if environ is None else environ
-    addr = Addresses.from_env(environ, grpc_port=DEFAULT_GRPC_PORT, http_port=DEFAULT_HTTP_PORT)
-    add_run_arguments(p, environ, "trainer")
-    p.add_argument("--out", default=None, help="run directory (default runs/<name>-<time>)")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its last checkpoint (its config.json, plus --set)")
-    p.add_argument("--run-id", default="", help="names the run's queue jobs (default: the run directory's name)")
-    p.add_argument("--redis-url", default=environ.get(ENV_REDIS_URL, ""), help=f"the work queue (env {ENV_REDIS_URL})")
-    p.add_argument("--queue-namespace", "--namespace", dest="namespace",
-                   default=environ.get(ENV_QUEUE_NAMESPACE, "") or DEFAULT_NAMESPACE,
-                   help=f"queue key namespace, as the rollout services' --queue-namespace (env {ENV_QUEUE_NAMESPACE})")
-    p.add_argument("--explorer-addrs", default=environ.get(ENV_EXPLORER_ADDRS, ""),
-                   help=f"explorer gRPC addresses, comma-separated (env {ENV_EXPLORER_ADDRS})")
-    p.add_argument("--regenerator-addrs", default=environ.get(ENV_REGENERATOR_ADDRS, ""),
-                   help=f"regenerator gRPC addresses, comma-separated (env {ENV_REGENERATOR_ADDRS})")
-    p.add_argument("--rollout-timeout-s", type=float, default=1800.0,
-                   help="how long one epoch waits for its rollouts before failing")
-    p.add_argument("--pickup-timeout-s", type=float, default=120.0,
-                   help="fail the epoch, naming its jobs, when no explorer takes any of them this long")
-    p.add_argument("--workers-timeout-s", type=float, default=600.0,
-                   help="how long to wait at start for every rollout service to answer Info")
-    p.add_argument("--host", default=addr.host, help="bind address (env SOLRL_BIND_HOST)")
-    p.add_argument("--grpc-port", type=int, default=addr.grpc_port, help="gRPC port, 0 = any (env SOLRL_GRPC_PORT)")
-    p.add_argument("--http-port", type=int, default=addr.http_port, help="ops HTTP port, 0 = any (env SOLRL_HTTP_PORT)")
 
 
 def run_config(args: argparse.Namespace) -> tuple[RunConfig, Path, bool]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from solrl.precision.config import PrecisionConfig
+from solrl.precision.config import BACKEND_NAMES, PrecisionConfig
 
 _WHERE = {
     "BACKENDS": "base", "PrecisionBackend": "base", "QuantLinear": "base", "available_backends": "base",
@@ -34,4 +34,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"solrl.precision.{_WHERE[name]}"), name)
 
 
-__all__ = ["PrecisionConfig", *_WHERE]
+__all__ = ["BACKEND_NAMES", "PrecisionConfig", *_WHERE]

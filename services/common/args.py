@@ -1,0 +1,75 @@
+"""Command-line options the service roles share, and the defaults they show.
+
+Light on purpose: argparse, the SOLRL_* names (services.common.env) and torch-free name lists only, so
+`solrl serve ROLE --help` (and any role's parser) builds without grpc, torch, diffusers or tritonclient.
+The server modules import their options from services.<role>.args; the model, precision and selection
+choices are static lists that tests/test_cli_fast.py keeps equal to the registries."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+
+from services.common.env import (
+    ENV_QUEUE_NAMESPACE,
+    ENV_REDIS_URL,
+    ENV_REWARD_ADDR,
+    ENV_TRAINER_URL,
+    Addresses,
+    add_address_arguments,
+    add_run_arguments,
+)
+from solrl.config import MODEL_NAMES
+from solrl.precision.config import BACKEND_NAMES
+from solrl.queue.base import QueueConfig
+
+DEFAULT_MAX_ADAPTER_BYTES = 512 << 20   # the largest adapter a rollout service accepts (LoadAdapter, PUT, fetch)
+DEFAULT_NAMESPACE = "solrl:default"    # the work queue's key namespace
+
+
+def add_model_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], *, precision: str,
+                        steps: int, grpc_port: int, http_port: int) -> None:
+    """Options shared by the explorer and the regenerator. Model, precisions, reward and sampling
+    defaults left unset come from the run config (services.common.rollout_shell.settle_role_args)."""
+    addr = Addresses.from_env(environ, grpc_port=grpc_port, http_port=http_port)
+    p.set_defaults(role_defaults={"model": "shapes", "model_path": None, "base_precision": "bf16",
+                                  "reward": "shapes", "micro_batch": 64, "precision": precision, "steps": steps})
+    add_run_arguments(p, environ, "rollout")
+    p.add_argument("--model", default=None, choices=list(MODEL_NAMES),
+                   help="model registry name (default: the run's model.name, else shapes)")
+    p.add_argument("--model-path", default=None, help="local weights directory (default: the run's model.path)")
+    p.add_argument("--precision", default=None, choices=list(BACKEND_NAMES),
+                   help=f"serving precision backend (default: the run's, else {precision})")
+    p.add_argument("--base-precision", default=None, choices=("bf16", "fp32"),
+                   help="precision the trainer holds its base weights in (default: the run's rollout.precision, "
+                        "else bf16); adapters are merged into base weights rounded the same way")
+    p.add_argument("--lora-rank", type=int, default=None,
+                   help="pin the LoRA rank pushed adapters must have (default: each adapter's own, from its metadata)")
+    p.add_argument("--lora-alpha", type=float, default=None, help="pin the LoRA alpha (with --lora-rank)")
+    p.add_argument("--lora-targets", default="",
+                   help="pin the LoRA target modules, comma-separated (with --lora-rank; default: the model's)")
+    p.add_argument("--reward", default=None, help="reward (scorer) name (default: the run's, else shapes)")
+    p.add_argument("--reward-addr", default=environ.get(ENV_REWARD_ADDR, ""),
+                   help=f"host:port of a reward service to score with (env {ENV_REWARD_ADDR}; empty: in process)")
+    p.add_argument("--steps", type=int, default=None, help=f"default sampling steps (default: the run's, else {steps})")
+    p.add_argument("--micro-batch", type=int, default=None, help="images per model forward (default: the run's, else 64)")
+    p.add_argument("--version-wait-s", type=float, default=30.0,
+                   help="how long a request for a newer adapter version waits for it")
+    p.add_argument("--trainer-url", default=environ.get(ENV_TRAINER_URL, ""),
+                   help=f"the trainer's ops URL (env {ENV_TRAINER_URL}, e.g. http://trainer:8093): fetch the current "
+                        "adapter from it at start and whenever a job needs a newer one than was pushed here")
+    p.add_argument("--max-adapter-bytes", type=int, default=DEFAULT_MAX_ADAPTER_BYTES,
+                   help="largest LoadAdapter payload accepted (bytes)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    add_address_arguments(p, addr)
+    p.add_argument("--max-workers", type=int, default=16, help="gRPC handler threads (RPCs in flight)")
+
+
+def add_consumer_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """--redis-url / --queue-namespace for the rollout services (no URL: no consumer, as before)."""
+    p.add_argument("--redis-url", default=environ.get(ENV_REDIS_URL, ""),
+                   help=f"consume jobs from this work queue (env {ENV_REDIS_URL}; empty: serve RPCs only)")
+    p.add_argument("--queue-namespace", default=environ.get(ENV_QUEUE_NAMESPACE, "") or DEFAULT_NAMESPACE,
+                   help=f"queue key namespace (env {ENV_QUEUE_NAMESPACE})")
+    p.add_argument("--claim-idle-ms", type=int, default=QueueConfig.claim_idle_ms,
+                   help="reclaim a job another worker took but left un-acked for this long (a dead worker's)")
