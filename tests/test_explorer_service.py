@@ -220,6 +220,25 @@ def test_the_explore_model_over_kserve_rest(world, served):
         assert client.get_inference_statistics("explore")["model_stats"][0]["inference_count"] == before + 1
     finally:
         client.close()
+    # and with the curl binary, JSON in and out
+    import json
+    import shutil
+    import subprocess
+
+    curl = shutil.which("curl")
+    if curl is None:
+        pytest.skip("no curl binary on this machine")
+    body = json.dumps({"inputs": [{"name": "PROMPTS", "shape": [1], "datatype": "BYTES", "data": ["a red circle"]},
+                                  {"name": "N", "shape": [1], "datatype": "INT32", "data": [3]},
+                                  {"name": "STEPS", "shape": [1], "datatype": "INT32", "data": [2]},
+                                  {"name": "K", "shape": [1], "datatype": "INT32", "data": [2]}]})
+    out = subprocess.run([curl, "-s", "-X", "POST", "--data-binary", body,
+                          f"http://127.0.0.1:{served.svc.http.port}/v2/models/explore/infer"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    outputs = {o["name"]: o for o in json.loads(out)["outputs"]}
+    seeds = np.array(outputs["SEEDS"]["data"], dtype=np.int64).reshape(outputs["SEEDS"]["shape"])
+    ref = world.core(0, ["a red circle"], seeds.tolist())
+    np.testing.assert_array_equal(np.array(outputs["SCORES"]["data"], dtype=np.float32), ref.scores.reshape(-1))
 
 
 def triton_inputs(prompts: list[str], *, n: int, steps: int, k: int | None = None,
