@@ -4,7 +4,10 @@ prompts, pool n and kept k, through the loop's own epoch code (`Session.epoch`).
 
 The forward-count bound: naive forwards / sol_rl forwards, where an explore forward is weighted by
 its cost relative to a BF16 forward (1.0: counts only; 0.5: the NVFP4 GEMM at half the BF16 cost, as on
-Blackwell). On a CPU the emulated FP4 forward (quantize, dequantize, matmul in fp32) costs MORE than
+Blackwell), and the B200 bound of this model: only the quantized layers' share of a forward's
+multiply-accumulates runs at the FP4 rate (1/4 of BF16), the rest (convolutions, layers kept in high
+precision) at 1 -- the cost model `solrl bench curve` uses. On a CPU the emulated FP4 forward (quantize,
+dequantize, matmul in fp32) costs MORE than
 a BF16 one, so the measured CPU speed-up is below the bound; both are reported, with the measured cost
 per forward of each precision.
 """
@@ -51,11 +54,17 @@ def run(out: Path, small: bool = False, prompts: int | None = None, pool: int | 
             "s_per_bf16_forward": regen_s / f_rg if f_rg else None,
         }
     naive, sol = per_mode["naive_scaling"], per_mode["sol_rl"]
+    from solrl.bench.curve import explore_share, forward_cost
+
+    share = explore_share(apply_overrides(get_preset("shapes-sol-rl"), []).validate())
+    sol["explore_quantized_share"] = round(share, 4)
     ratio = {
         "measured_rollout_speedup": naive["rollout_s"] / sol["rollout_s"],
         "measured_epoch_speedup": naive["epoch_s"] / sol["epoch_s"],
         "forward_bound_equal_cost": naive["forwards_total"] / sol["forwards_total"],
         "forward_bound_fp4_half_cost": naive["forwards_total"] / (0.5 * sol["forwards_explore"] + sol["forwards_regenerate"]),
+        "forward_bound_b200": naive["forwards_total"] / (forward_cost(sol["explore_precision"], share) * sol["forwards_explore"]
+                                                         + sol["forwards_regenerate"]),
         "cpu_fp4_forward_cost_vs_bf16": sol["s_per_explore_forward"] / sol["s_per_bf16_forward"],
     }
     result = {"prompts": n_prompts, "epochs": n_epochs, "modes": per_mode, "speedup": ratio}
@@ -75,7 +84,9 @@ def markdown(r: dict[str, Any]) -> str:
             f"- measured rollout speed-up sol_rl vs naive_scaling: **{s['measured_rollout_speedup']:.2f}x** "
             f"(epoch: {s['measured_epoch_speedup']:.2f}x)\n"
             f"- forward-count bound: {s['forward_bound_equal_cost']:.2f}x if an FP4 forward cost as much as a BF16 one, "
-            f"{s['forward_bound_fp4_half_cost']:.2f}x at half the cost (NVFP4 GEMMs on Blackwell)\n"
+            f"{s['forward_bound_fp4_half_cost']:.2f}x if the whole forward ran at half the cost; "
+            f"**{s['forward_bound_b200']:.2f}x** on the B200 bound of this model (FP4 at 1/4 of BF16 on the "
+            f"{r['modes']['sol_rl']['explore_quantized_share']:.0%} of the explore forward's work it quantizes)\n"
             f"- on this CPU an emulated FP4 forward costs {s['cpu_fp4_forward_cost_vs_bf16']:.2f}x a BF16 one "
             f"(fake-quant in fp32), which is why the measured speed-up is below the bound here; the paper "
             f"reports 1.41-2.41x rollout speed-up on 8x B200 (docs/method.md).\n")
