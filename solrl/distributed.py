@@ -21,13 +21,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
 
 from solrl.adapters import encode_adapter
 from solrl.adapters.wire import sha256_hex
 from solrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from solrl.config import RunConfig
-from solrl.loop import Session, _save_eval, epoch_rng, selection_contrast
+from solrl.loop import Session, _save_eval, epoch_rng, proxy_agreement, selection_contrast
 from solrl.queue import Queue
 from solrl.telemetry import MetricsWriter
 from solrl.trainer import Batch
@@ -128,19 +127,18 @@ class RemoteSession:
                                          guidance=sess.sampler.guidance)
         jobs = {job_id_for(self.run_id, epoch, p): p for p in range(len(prompts))}
         published: dict[str, str] = {}
-        proxy = {}  # the adaptive proxy: the explorers are told which precision and policy to sample with
+        cand = None  # the adaptive proxy: the explorers are told which precision and policy to sample with
         if sess.proxy is not None:
             from solrl.proxy import parse_candidate
 
-            c = parse_candidate(sess.proxy.current)
-            proxy = {"precision": c.backend, "precision_policy": c.policy, "label": c.label}
+            cand = parse_candidate(sess.proxy.current)
             rec["explore.proxy"] = sess.proxy.current
         for job_id, p in jobs.items():
             job = common_pb2.ExploreJob(job_id=job_id, run_id=self.run_id, prompt=prompts[p], seeds=seeds[p],
                                         steps=sess.explore_steps(), kept=r.kept, selection=r.selection,
                                         min_adapter_version=sess.version, sampler=sampler,
-                                        precision=proxy.get("precision", ""),
-                                        precision_policy=proxy.get("precision_policy", ""))
+                                        precision=cand.backend if cand else "",
+                                        precision_policy=cand.policy if cand else "")
             published[job_id] = self.queue.publish(STREAM_EXPLORE, job.SerializeToString(), key=job_id,
                                                    timeout_s=self.rollout_timeout_s)
         got = self.collect(jobs, r.kept, published)
@@ -148,19 +146,17 @@ class RemoteSession:
 
         order = sorted(got)  # (prompt index, kept position): the embedded loop's order
         rolls = [got[key] for key in order]
-        if proxy:
-            want = proxy["label"]
-            wrong = sorted({ro.proxy for ro in rolls if ro.proxy != want})
-            if wrong:
-                raise RuntimeError(f"epoch {epoch + 1}: the explorers sampled with {wrong}, the adaptive proxy asked "
-                                   f"for {want!r} (an explorer that ignores ExploreJob.precision: update it)")
+        wrong = sorted({ro.proxy for ro in rolls if ro.proxy != cand.label}) if cand else []
+        if wrong:
+            raise RuntimeError(f"epoch {epoch + 1}: the explorers sampled with {wrong}, the adaptive proxy asked "
+                               f"for {cand.label!r} (an explorer that ignores ExploreJob.precision: update it)")
         x0 = torch.stack([_tensor(ro.x0) for ro in rolls])
         rewards = np.asarray([ro.reward for ro in rolls], dtype=np.float32)
         proxy = np.asarray([ro.proxy_reward for ro in rolls], dtype=np.float32).reshape(len(prompts), r.kept)
         group = [p for p, _ in order]
         rec.update({"rollout.reward_mean": float(rewards.mean()), "rollout.reward_std": float(rewards.std()),
                     "explore.kept_proxy_mean": float(proxy.mean()),
-                    **_agreement(proxy, rewards.reshape(len(prompts), r.kept)),
+                    **proxy_agreement(proxy, rewards.reshape(len(prompts), r.kept)),
                     **selection_contrast(rewards.reshape(len(prompts), r.kept), r.selection)})
 
         t0 = time.perf_counter()
@@ -221,13 +217,6 @@ def collect_rollouts(queue: Queue, jobs: dict[str, int], kept: int, timeout_s: f
         if deliveries:
             queue.ack(STREAM_ROLLOUTS, GROUP_TRAINER, [d.id for d in deliveries])
     return got
-
-
-def _agreement(proxy_PK: np.ndarray, bf16_PK: np.ndarray) -> dict[str, float]:
-    """Proxy vs BF16 rewards of the kept seeds: mean gap and mean per-prompt Kendall tau (as the embedded loop)."""
-    taus = [stats.kendalltau(a, b).statistic for a, b in zip(proxy_PK, bf16_PK) if np.ptp(a) > 0 and np.ptp(b) > 0]
-    return {"proxy_gap": float((proxy_PK - bf16_PK).mean()),
-            "proxy_kendall_tau": float(np.mean(taus)) if taus else float("nan")}
 
 
 def _tensor(msg: Any) -> torch.Tensor:

@@ -237,7 +237,8 @@ class Session:
             data_x0, data_r = rg.x0[flat], rg.rewards[flat]
             data_p, group = [rg.prompts[j] for j in flat], [rg.group[j] for j in flat]
             if r.mode == "sol_rl":
-                rec.update(_agreement(ex, rg.rewards.reshape(len(prompts), r.kept)))
+                kept_proxy = np.stack([ex.scores[p][idx] for p, idx in enumerate(ex.kept)])
+                rec.update(proxy_agreement(kept_proxy, rg.rewards.reshape(len(prompts), r.kept)))
         rec["time_regenerate_s"] = time.perf_counter() - t0
         rec["rollout.reward_mean"] = float(np.mean(data_r))
         rec["rollout.reward_std"] = float(np.std(data_r))
@@ -285,9 +286,9 @@ def selection_contrast(kept_rewards: np.ndarray, selection: str) -> dict[str, fl
             "rollout.reward_worst_half": float(kept_rewards[:, h:].mean())}
 
 
-def _agreement(ex, bf16_rewards: np.ndarray) -> dict[str, float]:
-    """Proxy (low precision) vs BF16 rewards on the kept seeds: mean gap and Kendall tau per prompt."""
-    proxy = np.stack([ex.scores[p][idx] for p, idx in enumerate(ex.kept)])
+def proxy_agreement(proxy: np.ndarray, bf16_rewards: np.ndarray) -> dict[str, float]:
+    """Proxy (low precision) vs BF16 rewards on the kept seeds ([P, k] each): mean gap and mean per-prompt
+    Kendall tau (the embedded loop and the services' driver alike)."""
     taus = prompt_kendall_taus(proxy, bf16_rewards)
     return {"proxy_gap": float((proxy - bf16_rewards).mean()),
             "proxy_kendall_tau": float(np.mean(taus)) if taus else float("nan")}
@@ -408,4 +409,4 @@ def load_run_for_eval(run_dir: Path, epoch: int | None = None, overrides: list[s
     return sess
 
 
-__all__ = ["Session", "train", "epoch_rng", "load_run_for_eval", "describe_machine"]
+__all__ = ["Session", "train", "epoch_rng", "load_run_for_eval", "describe_machine", "proxy_agreement"]

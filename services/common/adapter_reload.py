@@ -229,15 +229,13 @@ class HotSwapModel:
         with self._cond:
             return self._current
 
-    def acquire(self, min_version: int = 0, timeout: float = 0.0, precision: PrecisionConfig | None = None,
-                label: str | None = None) -> ServingCopy:
+    def acquire(self, min_version: int = 0, timeout: float = 0.0,
+                precision: PrecisionConfig | None = None) -> ServingCopy:
         """The copy a call runs on: the current one, once its version is >= min_version (waits up to
         `timeout` seconds for a push; UnavailableError after that). With a `fetcher`, a call that needs a
-        newer version than served first fetches the current adapter itself (a missed push). `precision`:
-        switch to it first (`use`); a concurrent call that switched to another one in between gives
+        newer version than served first fetches the current adapter itself (a missed push). `precision`: the
+        one the caller switched to (`use`); a concurrent call that switched to another one in between gives
         UnavailableError (retry)."""
-        if precision is not None:
-            self.use(precision, label)
         if self.fetcher is not None and self.current().version < min_version:
             self.fetcher.fetch()
         with self._cond:

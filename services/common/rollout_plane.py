@@ -157,6 +157,7 @@ class RolloutPlane:
         self.version_wait_s = float(version_wait_s)
         self.hot = HotSwapModel(model.transformer, lora, serving_precision(precision, model.spec))
         self.cache = PromptCache(model)
+        self.available_precisions = runnable_backends()  # what this machine can build: fixed for the process
         self._closed = False
         # how the base was loaded (set by the service shell; reported by Info for the trainer's check)
         self.base_precision, self.model_path = "", ""
@@ -175,7 +176,7 @@ class RolloutPlane:
                 "precision": self.hot.backend, "base_precision": self.base_precision, "model_path": self.model_path,
                 "adapter_version": cur.version, "adapter_sha256": cur.sha256,
                 "resident_weight_bytes": self.hot.weight_bytes()["total"],
-                "available_precisions": runnable_backends(),
+                "available_precisions": self.available_precisions,
                 "reward": getattr(self.scorer, "name", type(self.scorer).__name__),
                 "defaults": self.defaults(), "ready": self.ready()}
 

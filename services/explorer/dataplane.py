@@ -180,7 +180,7 @@ class ExplorerDataPlane(RolloutPlane):
             except (ImportError, RuntimeError) as exc:  # a backend this machine cannot run (e.g. TE without CUDA)
                 raise ValueError(f"{f['precision']}: {precision!r} cannot run on this explorer: {exc}") from None
         # this call's copy, whatever is pushed later
-        serving = self.hot.acquire(min_version, self.version_wait_s, wanted, label)
+        serving = self.hot.acquire(min_version, self.version_wait_s, wanted)
         result = explore(self.model, serving.module, prompts, pools, steps, sampler, self.scorer, k, selection,
                          selection_generator(pools), self.micro_batch, self.cache)
         return ExploreOutcome(result.seeds, np.asarray(result.scores, dtype=np.float32), result.kept,

@@ -35,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
+from starlette.concurrency import run_in_threadpool
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
 
@@ -282,10 +283,7 @@ def mount_kserve_http(app: FastAPI, servicer: Any, *, max_body_bytes: int) -> No
                 proto, binary_out = infer_request(model, version, header, binary)
             except Exception as exc:
                 return _error(exc)
-            # the model call runs in a worker thread: the event loop keeps serving health checks meanwhile
-            from starlette.concurrency import run_in_threadpool
-
-            try:
+            try:  # the model call runs in a worker thread: the event loop keeps serving health checks meanwhile
                 response = await run_in_threadpool(call, "ModelInfer", proto)
             except Exception as exc:
                 return _error(exc)

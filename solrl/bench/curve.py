@@ -143,8 +143,8 @@ def one_run(preset: str, sets: list[str], run_dir: Path) -> dict[str, Any]:
                            "shape_accuracy": r.get("eval.shape_accuracy")})
         for cal in cals:  # a calibration after epoch e is paid for by epoch e + 1
             if cal["epoch"] == r["epoch"]:
-                cost += calibration_cost(cal)
-                cal_cost += calibration_cost(cal)
+                c = calibration_cost(cal)
+                cost, cal_cost = cost + c, cal_cost + c
     result = {"points": points, "train_wall_s": round(clock, 2), "cost_bf16_fwd": round(cost, 1),
               "explore_quantized_share": round(share, 4),
               "cost_per_epoch": round(cost / max(1, recs[-1]["epoch"]), 1)}
@@ -347,11 +347,12 @@ def markdown(r: dict[str, Any], name: str = "curve") -> str:
         lines.append(f"| {mode} | {m['before']['reward_mean']:.3f} | {_ci(f['reward_mean'], f['reward_ci95'])} | {em} | "
                      f"{m['cost_per_epoch']:.0f} | {m['train_wall_s']:.0f} | {reach if reach is not None else '-'} | "
                      f"{cost} |")
-    held = (f"here they hold {share:.0%}" if share < 1.0 else "") + (
-        (" (the adaptive proxy: its candidate's share, measured in each run)" if share < 1.0 else
-         "the adaptive proxy's candidates: each one's share, measured in each run")
-        if any("explore_proxies" in m["runs"][0] for m in r["modes"].values()) else "")
-    held = held or "here they hold 100%"
+    auto = any("explore_proxies" in m["runs"][0] for m in r["modes"].values())
+    if share < 1.0:
+        held = f"here they hold {share:.0%}" + (" (the adaptive proxy: its candidate's share, measured in each run)"
+                                                 if auto else "")
+    else:
+        held = "the adaptive proxy's candidates: each one's share, measured in each run" if auto else "here they hold 100%"
     epochs = [row["epoch"] for row in first["epochs"]]
     per_epoch = ["", "Per evaluated epoch, mean ± 95% interval over run seeds:", "",
                  "| mode | " + " | ".join(map(str, epochs)) + " |", "|---|" + "---|" * len(epochs)]

@@ -31,11 +31,12 @@ def run(out: Path, small: bool = False, prompts: int | None = None, pool: int | 
     n_prompts, n_pool, n_kept = prompts or (2 if small else 8), pool or (8 if small else 32), kept or (4 if small else 8)
     n_epochs = epochs or (1 if small else 3)
     per_mode: dict[str, Any] = {}
+    configs = {}
     for mode in MODES:
         preset = "shapes-diffusion-nft" if mode == "diffusion_nft" else f"shapes-{mode.replace('_', '-')}"
         sets = [f"rollout.prompts_per_epoch={n_prompts}", f"rollout.pool={n_kept if mode == 'diffusion_nft' else n_pool}",
                 f"rollout.kept={n_kept}", f"seed={seed}", "tensorboard=false"]
-        cfg = apply_overrides(get_preset(preset), sets).validate()
+        cfg = configs[mode] = apply_overrides(get_preset(preset), sets).validate()
         sess = Session.build(cfg)
         recs = [sess.epoch(e) for e in range(n_epochs)]
 
@@ -56,7 +57,7 @@ def run(out: Path, small: bool = False, prompts: int | None = None, pool: int | 
     naive, sol = per_mode["naive_scaling"], per_mode["sol_rl"]
     from solrl.bench.curve import explore_share, forward_cost
 
-    share = explore_share(apply_overrides(get_preset("shapes-sol-rl"), []).validate())
+    share = explore_share(configs["sol_rl"])  # the explorer this run measured
     sol["explore_quantized_share"] = round(share, 4)
     ratio = {
         "measured_rollout_speedup": naive["rollout_s"] / sol["rollout_s"],

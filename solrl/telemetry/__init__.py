@@ -39,16 +39,15 @@ class MetricsWriter:
         record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         with self.path.open("a") as f:
             f.write(json.dumps(record, sort_keys=True, allow_nan=False) + "\n")
+        step = int(record["epoch"])
+        scalars = {k: v for k, v in record.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch"}
         if self._tb is not None:
-            step = int(record["epoch"])
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch":
-                    self._tb.add_scalar(k.replace(".", "/"), v, step)
+            for k, v in scalars.items():
+                self._tb.add_scalar(k.replace(".", "/"), v, step)
             self._tb.flush()
         if self._wb is not None:
-            self._wb.log({k: v for k, v in record.items()
-                          if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "epoch"},
-                         step=int(record["epoch"]))
+            self._wb.log(scalars, step=step)
 
     def add_image(self, tag: str, image: np.ndarray, step: int) -> None:
         if self._tb is not None:
