@@ -91,7 +91,7 @@ class TrainConfig:
     weight_decay: float = 1e-4
     eps: float = 1e-8
     max_grad_norm: float = 1.0
-    micro_batch: int = 16
+    micro_batch: int = 16               # (sample, timestep) rows per training forward
     optimizer_steps_per_epoch: int = 1  # gradient accumulation over the whole epoch by default; 0 = one step per
                                         # prompt group (as many steps as rollout.prompts_per_epoch)
     timestep_fraction: float = 0.6

@@ -42,14 +42,13 @@ class NFTTrainer:
     def old_decay(self, step: int) -> float:
         return min(self.cfg.old_decay_rate * step, self.cfg.old_decay_cap)
 
-    def plan(self, group: list[int], generator: torch.Generator) -> list[list[torch.Tensor]]:
-        """Sample order of one epoch: optimizer steps -> micro-batches -> sample indices.
+    def plan(self, group: list[int], generator: torch.Generator) -> list[torch.Tensor]:
+        """Sample order of one epoch: the sample indices of each optimizer step.
 
-        Prompt groups are kept whole: groups come in a random order (members shuffled within each),
-        each optimizer step takes a contiguous run of whole groups, and micro-batches cut that step's
-        samples. So every step's advantages are centred on its own prompts, as they are with the
-        reference's single step per epoch. Asking for more steps than there are groups is an error; 0 asks
-        for one step per group.
+        Prompt groups are kept whole: groups come in a random order (members shuffled within each) and
+        each optimizer step takes a contiguous run of whole groups. So every step's advantages are centred
+        on its own prompts, as they are with the reference's single step per epoch. Asking for more steps
+        than there are groups is an error; 0 asks for one step per group.
         """
         members: dict[int, list[int]] = {}
         for i, g in enumerate(group):
@@ -65,17 +64,29 @@ class NFTTrainer:
         for k in torch.randperm(len(keys), generator=generator).tolist():
             idx = members[keys[k]]
             ordered.append([idx[j] for j in torch.randperm(len(idx), generator=generator).tolist()])
-        out = []
-        for chunk in np.array_split(np.arange(len(ordered)), steps):
-            flat = torch.tensor([i for c in chunk for i in ordered[c]], dtype=torch.long)
-            out.append(list(flat.split(self.cfg.micro_batch)))
-        return out
+        return [torch.tensor([i for c in chunk for i in ordered[c]], dtype=torch.long)
+                for chunk in np.array_split(np.arange(len(ordered)), steps)]
 
     def timestep_plan(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """[n, K] grid indices: each sample's own random subset of the rollout grid (timestep_indices),
         as the reference permutes timesteps per sample."""
         return torch.tensor([timestep_indices(len(self.grid), self.cfg.timestep_fraction, generator)
                              for _ in range(n)], dtype=torch.long)
+
+    def micro_batches(self, samples: torch.Tensor, ts: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One optimizer step's (sample, timestep) rows cut into forwards of at most train.micro_batch rows.
+
+        The reference loops over timesteps with one micro-batch of samples per forward; a forward here
+        takes rows of several samples and timesteps at once (each row has its own t), so a step of a few
+        samples still fills the batch. The step's gradient is the same mean over its rows either way; only
+        the float summation order differs. Chunks are balanced (np.array_split), e.g. 80 rows at 32 -> 27/27/26.
+        `ts` is the epoch's [N, K] timestep plan; returns (sample indices, grid indices) per forward."""
+        k = ts.shape[1]
+        rows_s = samples.repeat_interleave(k)
+        rows_t = ts[samples].reshape(-1)
+        chunks = -(-len(rows_s) // self.cfg.micro_batch)
+        return [(rows_s[c], rows_t[c]) for c in
+                (torch.from_numpy(a) for a in np.array_split(np.arange(len(rows_s)), chunks))]
 
     def update(self, batch: Batch, generator: torch.Generator) -> dict[str, float]:
         """Advantages -> DiffusionNFT loss over per-sample random timesteps -> optimizer step(s) (EMA after
@@ -86,43 +97,45 @@ class NFTTrainer:
         steps = self.plan(batch.group, generator)
         ts_all = self.timestep_plan(n, generator)
         sums: dict[str, float] = {}
-        count = 0
+        rows_seen = 0
+        forwards = 0
         grad_norms = []
-        for micro in steps:
+        for samples in steps:
             self.opt.zero_grad(set_to_none=True)
-            denom = sum(len(idx) for idx in micro) * ts_all.shape[1]
-            for idx in micro:
+            denom = len(samples) * ts_all.shape[1]
+            for idx, tj in self.micro_batches(samples, ts_all):
                 x0, cond, a = batch.x0[idx], batch.cond.index(idx), adv[idx]
-                for j in range(ts_all.shape[1]):
-                    t = self.grid[ts_all[idx, j]]
-                    noise = torch.randn(x0.shape, generator=generator)
-                    tb = t[:, None, None, None]
-                    xt = (1 - tb) * x0 + tb * noise
-                    with torch.no_grad():
-                        with self.adapters.use("old"):
-                            v_old = self.model.velocity(self.model.transformer, xt, t, cond)
-                        if cfg.kl_beta > 0:
-                            with self.adapters.disabled():
-                                v_ref = self.model.velocity(self.model.transformer, xt, t, cond)
-                        else:
-                            v_ref = v_old
-                    with self.adapters.use("default"):
-                        v = self.model.velocity(self.model.transformer, xt, t, cond)
-                    loss, stats = nft_loss(x0, xt, t, v, v_old, v_ref, a, self.nft)
-                    # each micro-batch's mean loss weighted by its size: the step's gradient is the mean
-                    # over its samples and timesteps, however the last micro-batch is cut
-                    (loss * (len(idx) / denom)).backward()
-                    for k, val in stats.items():
-                        sums[k] = sums.get(k, 0.0) + float(val)
-                    count += 1
+                t = self.grid[tj]
+                noise = torch.randn(x0.shape, generator=generator)
+                tb = t[:, None, None, None]
+                xt = (1 - tb) * x0 + tb * noise
+                with torch.no_grad():
+                    with self.adapters.use("old"):
+                        v_old = self.model.velocity(self.model.transformer, xt, t, cond)
+                    if cfg.kl_beta > 0:
+                        with self.adapters.disabled():
+                            v_ref = self.model.velocity(self.model.transformer, xt, t, cond)
+                    else:
+                        v_ref = v_old
+                with self.adapters.use("default"):
+                    v = self.model.velocity(self.model.transformer, xt, t, cond)
+                loss, stats = nft_loss(x0, xt, t, v, v_old, v_ref, a, self.nft)
+                # each forward's mean loss weighted by its rows: the step's gradient is the mean over its
+                # samples and timesteps, however the rows are cut
+                (loss * (len(idx) / denom)).backward()
+                for k, val in stats.items():
+                    sums[k] = sums.get(k, 0.0) + float(val) * len(idx)
+                rows_seen += len(idx)
+                forwards += 1
             gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
             grad_norms.append(float(gn))
             self.opt.step()
             self.global_step += 1
             lerp_params_(self.adapters.parameters("ema"), self.params, ema_decay(self.global_step, cfg.ema_decay))
         lerp_params_(self.adapters.parameters("old"), self.params, self.old_decay(self.global_step))
-        out = {f"train.{k}": v / max(count, 1) for k, v in sums.items()}
+        out = {f"train.{k}": v / max(rows_seen, 1) for k, v in sums.items()}
         out.update({"train.grad_norm": float(np.mean(grad_norms)), "train.global_step": self.global_step,
                     "train.lr": self.opt.param_groups[0]["lr"], "train.advantage_abs_mean": float(adv.abs().mean()),
-                    "train.samples": n, "train.timestep_evals": count, "train.optimizer_steps": len(steps)})
+                    "train.samples": n, "train.timestep_evals": rows_seen, "train.forwards": forwards,
+                    "train.optimizer_steps": len(steps)})
         return out

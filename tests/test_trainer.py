@@ -31,11 +31,10 @@ def test_steps_take_whole_prompt_groups(session):
         plan = trainer.plan(shuffled, torch.Generator().manual_seed(steps))
         assert len(plan) == (steps or 5)   # 0: one step per prompt group
         if steps == 0:
-            assert all(len({shuffled[i] for i in torch.cat(micro).tolist()}) == 1 for micro in plan)
+            assert all(len({shuffled[i] for i in step.tolist()}) == 1 for step in plan)
         seen = []
-        for micro in plan:
-            idx = torch.cat(micro).tolist()
-            assert all(len(m) <= trainer.cfg.micro_batch for m in micro)
+        for step in plan:
+            idx = step.tolist()
             groups = {shuffled[i] for i in idx}
             assert sorted(idx) == sorted(i for i, g in enumerate(shuffled) if g in groups)  # whole groups only
             # so each step's advantages are centred: they sum to zero over the step
@@ -48,6 +47,21 @@ def test_steps_take_whole_prompt_groups(session):
     with pytest.raises(ValueError, match="optimizer_steps_per_epoch=6 exceeds the 5 prompt groups"):
         trainer.plan(shuffled, torch.Generator().manual_seed(0))
     trainer.cfg.optimizer_steps_per_epoch = 2
+
+
+def test_forwards_take_rows_of_samples_and_timesteps(session):
+    """A step's (sample, timestep) rows are each trained once, in forwards of at most train.micro_batch rows."""
+    trainer = session.trainer
+    ts = trainer.timestep_plan(20, torch.Generator().manual_seed(1))
+    samples = torch.tensor([3, 7, 8, 12, 19])
+    for mb in (1, 4, 7, 64):
+        trainer.cfg.micro_batch, kept = mb, trainer.cfg.micro_batch
+        chunks = trainer.micro_batches(samples, ts)
+        trainer.cfg.micro_batch = kept
+        sizes = [len(s) for s, _ in chunks]
+        assert max(sizes) <= mb and max(sizes) - min(sizes) <= 1     # balanced
+        rows = sorted((int(s), int(t)) for si, ti in chunks for s, t in zip(si, ti, strict=True))
+        assert rows == sorted((int(s), int(t)) for s in samples for t in ts[s])
 
 
 def test_config_refuses_more_steps_than_prompts():
