@@ -420,7 +420,7 @@ class Calibration:
 
 
 # Fitted by `solrl plan --calibrate` (fit_calibration); tests/test_plan.py checks a fresh fit gives these.
-CALIBRATION = Calibration(eta_rollout=0.2892, eta_train=0.2595, image_s=0.04877)
+CALIBRATION = Calibration(eta_rollout=0.28922, eta_train=0.25948, image_s=0.048768)
 
 # docs/method.md: seconds per epoch on 8x B200, colocated: (naive 24-in-96 BF16 rollout, two-stage rollout,
 # naive end to end, two-stage end to end)
