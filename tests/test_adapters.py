@@ -356,3 +356,56 @@ def test_decode_rejects_bad_payloads(wire) -> None:
         decode_adapter(_forge({**state, key_a: torch.zeros(4, 16, dtype=torch.int8)}, data), expected_layout=layout)
     with pytest.raises(TypeError, match="data"):
         decode_adapter("not bytes")  # type: ignore[arg-type]
+
+
+def test_conv_lora_merges_into_a_unet_copy_and_a_quantized_explorer() -> None:
+    """LoRA on a UNet's ResNet convolutions (conv1/conv2): the merged kernel W + s * B(1x1) o A(kxk) gives the
+    peft model's output in a plain copy, and a quantized explorer takes it (convs stay in high precision)."""
+    from diffusers import UNet2DConditionModel
+
+    from solrl.precision import PrecisionConfig, build_backend
+
+    cfg = dict(sample_size=8, in_channels=3, out_channels=3, block_out_channels=(16, 32), layers_per_block=1,
+               down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+               up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), cross_attention_dim=16, attention_head_dim=8,
+               norm_num_groups=8)
+    torch.manual_seed(0)
+    model = UNet2DConditionModel(**cfg).eval()
+    spec = LoraSpec(rank=4, alpha=8.0, target_modules=("to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"))
+    adapters = LoraAdapters(model, spec, seed=0)
+    perturb(adapters, "default", seed=1)
+    g = torch.Generator().manual_seed(5)
+    x, enc, t = torch.randn(2, 3, 8, 8, generator=g), torch.randn(2, 4, 16, generator=g), torch.tensor([500.0, 20.0])
+
+    def unet(m: torch.nn.Module) -> torch.Tensor:
+        return m(x, t, encoder_hidden_states=enc, return_dict=False)[0]
+
+    merged = adapters.merged_weights("default")
+    convs = [k for k in merged if k.endswith(("conv1", "conv2"))]
+    assert convs and all(merged[k].dim() == 4 for k in convs)
+    copy = make_inference_copy(adapters, UNet2DConditionModel, model.config)
+    apply_merged(copy, merged)
+    with adapters.use("default"):
+        want = unet(model)
+    torch.testing.assert_close(unet(copy), want, rtol=1e-5, atol=1e-5)
+    with adapters.disabled():
+        assert not torch.allclose(unet(model), want, atol=1e-3)  # the conv deltas change the output
+
+    # a serving process merges the pushed tensors into its plain copy the same way (peft's conv layout)
+    from solrl.adapters.merge import lora_layout, merge_lora, target_weights
+    state = adapters.state_dict("default")
+    assert lora_layout(copy, spec) == adapters.layout()
+    fresh = make_inference_copy(adapters, UNet2DConditionModel, model.config)  # `copy` now holds merged weights
+    by_state = merge_lora(target_weights(fresh, spec), state, spec)
+    assert sorted(by_state) == sorted(merged)
+    for k in merged:
+        torch.testing.assert_close(by_state[k], merged[k], rtol=1e-6, atol=1e-6)
+
+    backend = build_backend(PrecisionConfig(backend="nvfp4-emu"))
+    explorer = backend.prepare(make_inference_copy(adapters, UNet2DConditionModel, model.config))
+    backend.requantize(explorer, merged)
+    conv = convs[0]
+    # copied in with the backend's BF16 rounding, as its other high-precision weights
+    assert torch.equal(explorer.get_submodule(conv).weight, merged[conv].to(torch.bfloat16).float())
+    with pytest.raises(ValueError, match="expected"):
+        backend.requantize(explorer, {conv: merged[conv][:, :1]})

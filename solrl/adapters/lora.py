@@ -216,13 +216,16 @@ class LoraAdapters:
         out: dict[str, Tensor] = {}
         for module, layer in self._layers:
             base = layer.get_base_layer()
-            if not isinstance(base, nn.Linear):
-                raise TypeError(f"LoRA target {module!r} is {type(base).__name__}, only nn.Linear can be merged")
+            if not isinstance(base, (nn.Linear, nn.Conv2d)):
+                raise TypeError(f"LoRA target {module!r} is {type(base).__name__}, only nn.Linear and nn.Conv2d "
+                                "can be merged")
             weight = base.weight.detach().float().clone()
             if name is not None:
                 a = layer.lora_A[name].weight.float()
                 b = layer.lora_B[name].weight.float()
-                weight.add_(b @ a, alpha=layer.scaling[name])
+                # Conv2d: A is a [r, in, kh, kw] conv, B a 1x1 [out, r] conv, so the delta is B applied to A's kernel
+                delta = b @ a if isinstance(base, nn.Linear) else torch.einsum("or,rikl->oikl", b[:, :, 0, 0], a)
+                weight.add_(delta, alpha=layer.scaling[name])
             out[module] = weight
         return out
 
@@ -256,19 +259,20 @@ def make_inference_copy(adapters: LoraAdapters, model_cls: type[nn.Module], conf
 
 @torch.no_grad()
 def apply_merged(copy: nn.Module, weights: Mapping[str, Tensor]) -> None:
-    """Copy merged (or restored) weights into the ``nn.Linear`` modules of a plain inference copy."""
+    """Copy merged (or restored) weights into the ``nn.Linear`` / ``nn.Conv2d`` modules of a plain inference copy."""
     if not isinstance(copy, nn.Module):
         raise TypeError(f"copy must be an nn.Module, got {type(copy).__name__}")
     if not isinstance(weights, Mapping):
         raise TypeError(f"weights must be a mapping, got {type(weights).__name__}")
-    targets: list[tuple[nn.Linear, Tensor]] = []
+    targets: list[tuple[nn.Module, Tensor]] = []
     for name, weight in weights.items():
         try:
             module = copy.get_submodule(name)
         except AttributeError as err:
             raise ValueError(f"weights: copy has no module {name!r}") from err
-        if not isinstance(module, nn.Linear):
-            raise TypeError(f"weights: module {name!r} is {type(module).__name__}, expected a plain nn.Linear")
+        if not isinstance(module, (nn.Linear, nn.Conv2d)):
+            raise TypeError(f"weights: module {name!r} is {type(module).__name__}, expected a plain nn.Linear or "
+                            "nn.Conv2d")
         if not isinstance(weight, Tensor) or tuple(weight.shape) != tuple(module.weight.shape):
             got = tuple(weight.shape) if isinstance(weight, Tensor) else type(weight).__name__
             raise ValueError(f"weights[{name!r}]: expected shape {tuple(module.weight.shape)}, got {got}")

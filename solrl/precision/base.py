@@ -286,14 +286,17 @@ def _validate_weights(
     targets: dict[str, nn.Module] = {}
     for name, w in weights.items():
         module = modules.get(name) if isinstance(name, str) else None
-        if not (is_plain_linear(module) or isinstance(module, QuantLinear)):
-            raise ValueError(f"weights: {name!r} is not a linear layer of the model")
+        if not (is_plain_linear(module) or isinstance(module, (QuantLinear, nn.Conv2d))):
+            raise ValueError(f"weights: {name!r} is not a linear or conv layer of the model")
         if not isinstance(w, torch.Tensor) or not w.is_floating_point():
             raise TypeError(f"weights[{name!r}] must be a floating tensor, got {w!r:.80}")
-        expected = (module.out_features, module.in_features)
+        # convolutions (LoRA on a UNet's ResNet blocks) stay in high precision: their weight is copied in
+        expected = (tuple(module.weight.shape) if isinstance(module, nn.Conv2d)
+                    else (module.out_features, module.in_features))
         if tuple(w.shape) != expected:
             raise ValueError(
-                f"weights[{name!r}] has shape {tuple(w.shape)}, expected {expected} [out, in]"
+                f"weights[{name!r}] has shape {tuple(w.shape)}, expected {expected}"
+                + ("" if isinstance(module, nn.Conv2d) else " [out, in]")
             )
         if not bool(torch.isfinite(w).all()):
             raise ValueError(f"weights[{name!r}] contains NaN or inf")
