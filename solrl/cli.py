@@ -22,6 +22,7 @@ def _steps(text: str) -> tuple[int, ...]:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
+    from solrl import ddp
     from solrl.loop import train
 
     overrides = list(a.set or [])
@@ -30,8 +31,15 @@ def cmd_train(a: argparse.Namespace) -> int:
     cfg, run_dir = resolve_run(a.preset, a.config, overrides, a.out, a.resume)
     if not a.resume and (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
         raise ConfigError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
-    print(f"solrl train: {cfg.name} ({cfg.rollout.mode}), {cfg.epochs} epochs -> {run_dir}")
-    s = train(cfg, run_dir, resume=bool(a.resume), progress=not a.no_progress)
+    ranks = ddp.from_env()
+    ddp.check_ranks(cfg, ranks.world)  # before the process group: every rank refuses alike
+    with ddp.launch() as ranks:  # under torchrun: data-parallel, rank 0 samples and writes (solrl/ddp.py)
+        if not ranks.is_main:
+            train(cfg, run_dir, resume=bool(a.resume), progress=False, log=lambda *_: None, ranks=ranks)
+            return 0
+        print(f"solrl train: {cfg.name} ({cfg.rollout.mode}), {cfg.epochs} epochs -> {run_dir}"
+              + (f", {ranks.world} data-parallel ranks" if ranks.parallel else ""))
+        s = train(cfg, run_dir, resume=bool(a.resume), progress=not a.no_progress, ranks=ranks)
     print(json.dumps({k: s[k] for k in ("eval_before", "eval_after", "wall_time_s", "mean_epoch_times_s",
                                         "forwards_per_epoch")}, indent=2))
     if s["eval_before"] is not None and s["eval_after"] is not None:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from solrl import ddp
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter
 from solrl.algo import prompt_kendall_taus, select
 from solrl.checkpoint import (
@@ -248,12 +249,24 @@ class Session:
 
         t0 = time.perf_counter()
         on_stage("train")
+        if self.trainer.ranks.parallel:  # data-parallel: the other ranks train on this batch too (Session.follow)
+            ddp.share_batch(self.trainer.ranks, epoch, tgen, data_x0, data_r, group, data_p)
         batch = Batch(data_x0, self.cache(data_p), np.asarray(data_r, dtype=np.float32), group)
         rec.update(self.trainer.update(batch, tgen))
         self.version += 1
         rec["time_train_s"] = time.perf_counter() - t0
         rec["time_epoch_s"] = rec["time_sync_s"] + rec["time_explore_s"] + rec["time_regenerate_s"] + rec["time_train_s"]
         return rec
+
+    def follow(self, epoch: int) -> None:
+        """Epoch `epoch` on a data-parallel rank > 0: rank 0's rollouts (and its generator's state), then this
+        rank's share of the update. Nothing is sampled, evaluated or written here."""
+        _, tgen = epoch_rng(self.cfg.seed, epoch, 0)
+        x0, rewards, group, prompts = ddp.share_batch(self.trainer.ranks, epoch, tgen)
+        for p in dict.fromkeys(prompts):   # one prompt per encoding, as rank 0's rollouts (generate_by_prompt)
+            self.cache([p])
+        self.trainer.update(Batch(x0, self.cache(prompts), rewards, group), tgen)
+        self.version += 1
 
     def evaluate(self, steps: tuple[int, ...] | None = None, n_prompts: int | None = None,
                  seeds_per_prompt: int | None = None) -> tuple[dict[str, Any], dict[int, np.ndarray]]:
@@ -308,11 +321,14 @@ def describe_machine() -> dict[str, Any]:
 
 
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
-          log=print) -> dict[str, Any]:
-    """Run (or resume) a training run in `run_dir`. Returns the summary also written to summary.json."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+          log=print, ranks: ddp.Ranks = ddp.SINGLE) -> dict[str, Any]:
+    """Run (or resume) a training run in `run_dir`. Returns the summary also written to summary.json.
+    `ranks`: under torchrun (solrl/ddp.py), rank 0 runs all of this; the other ranks only train, and return {}."""
+    ddp.check_ranks(cfg, ranks.world)
+    if ranks.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
     start = 0
-    sess = Session.build(cfg)
+    sess = Session.build(cfg, local_explorer=ranks.is_main)  # ranks > 0 sample nothing: no explorer copy
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
@@ -320,6 +336,11 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         state = load_checkpoint(ckpt, sess.adapters, sess.trainer.opt)
         start, sess.trainer.global_step, sess.version = state["epoch"], state["global_step"], state["adapter_version"]
         log(f"resuming {run_dir} after epoch {start}")
+    sess.trainer.data_parallel(ranks)
+    if not ranks.is_main:
+        for e in range(start, cfg.epochs):
+            sess.follow(e)
+        return {}
     cfg.save(run_dir / "config.json")
     writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else None,
                            wandb=cfg.wandb, wandb_run={"project": cfg.wandb_project, "name": run_dir.name,

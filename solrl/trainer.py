@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from solrl import ddp
 from solrl.adapters import LoraAdapters
 from solrl.algo import NFTConfig, compute_advantages, ema_decay, lerp_params_, nft_loss, timestep_indices
 from solrl.config import TrainConfig
@@ -38,6 +40,16 @@ class NFTTrainer:
         # Training timesteps are the rollout grid (the sigmas the samples were generated on, t > 0).
         self.grid = flow_sigmas(rollout_steps, shift)[:-1].float()
         self.global_step = 0
+        # data-parallel (torchrun): this rank's place and the DDP wrapper of the trainable forward (data_parallel)
+        self.ranks: ddp.Ranks = ddp.SINGLE
+        self.ddp: torch.nn.Module | None = None
+
+    def data_parallel(self, ranks: ddp.Ranks) -> None:
+        """Train this rank's share of every optimizer step, gradients summed over the ranks (solrl/ddp.py)."""
+        if ranks.parallel:
+            self.ranks = ranks
+            self.ddp = ddp.wrap(self.model, [p for name in self.adapters.ADAPTERS
+                                             for p in self.adapters.parameters(name)])
 
     def old_decay(self, step: int) -> float:
         return min(self.cfg.old_decay_rate * step, self.cfg.old_decay_cap)
@@ -88,6 +100,20 @@ class NFTTrainer:
         return [(rows_s[c], rows_t[c]) for c in
                 (torch.from_numpy(a) for a in np.array_split(np.arange(len(rows_s)), chunks))]
 
+    def forwards(self, samples: torch.Tensor, ts: torch.Tensor, shape: torch.Size,
+                 generator: torch.Generator) -> tuple[int, Iterator[tuple[torch.Tensor, ...]]]:
+        """This rank's forwards of one optimizer step: (sample indices, grid indices, noise), and how many.
+
+        The noise of each single-process forward is drawn in turn, so the generator advances the same way with
+        any number of ranks; a data-parallel rank keeps its rows (a contiguous share of the step's samples) and
+        cuts them into its own forwards of at most train.micro_batch rows (ddp.local_forwards)."""
+        chunks = self.micro_batches(samples, ts)
+        draws = ((idx, tj, torch.randn((len(idx), *shape), generator=generator)) for idx, tj in chunks)
+        if not self.ranks.parallel:
+            return len(chunks), draws
+        lo, hi = ddp.rows_of_rank(len(samples), ts.shape[1], self.ranks)
+        return ddp.local_forwards(draws, lo, hi, self.cfg.micro_batch)
+
     def update(self, batch: Batch, generator: torch.Generator) -> dict[str, float]:
         """Advantages -> DiffusionNFT loss over per-sample random timesteps -> optimizer step(s) (EMA after
         each) -> the old adapter decayed once, at the end of the epoch (as the reference)."""
@@ -103,10 +129,10 @@ class NFTTrainer:
         for samples in steps:
             self.opt.zero_grad(set_to_none=True)
             denom = len(samples) * ts_all.shape[1]
-            for idx, tj in self.micro_batches(samples, ts_all):
+            n_fwd, fwds = self.forwards(samples, ts_all, batch.x0.shape[1:], generator)
+            for i, (idx, tj, noise) in enumerate(fwds):
                 x0, cond, a = batch.x0[idx], batch.cond.index(idx), adv[idx]
                 t = self.grid[tj]
-                noise = torch.randn(x0.shape, generator=generator)
                 tb = t[:, None, None, None]
                 xt = (1 - tb) * x0 + tb * noise
                 with torch.no_grad():
@@ -117,8 +143,10 @@ class NFTTrainer:
                             v_ref = self.model.velocity(self.model.transformer, xt, t, cond)
                     else:
                         v_ref = v_old
-                with self.adapters.use("default"):
-                    v = self.model.velocity(self.model.transformer, xt, t, cond)
+                # data-parallel: DDP's forward decides whether this backward all-reduces (the step's last one)
+                with self.adapters.use("default"), ddp.grad_sync(self.ddp, last=i == n_fwd - 1):
+                    v = (self.ddp(xt, t, cond) if self.ddp is not None
+                         else self.model.velocity(self.model.transformer, xt, t, cond))
                 loss, stats = nft_loss(x0, xt, t, v, v_old, v_ref, a, self.nft)
                 # each forward's mean loss weighted by its rows: the step's gradient is the mean over its
                 # samples and timesteps, however the rows are cut
@@ -133,6 +161,8 @@ class NFTTrainer:
             self.global_step += 1
             lerp_params_(self.adapters.parameters("ema"), self.params, ema_decay(self.global_step, cfg.ema_decay))
         lerp_params_(self.adapters.parameters("old"), self.params, self.old_decay(self.global_step))
+        if self.ranks.parallel:  # the metrics over every rank's rows, as one process reports them
+            sums, rows_seen, forwards = ddp.sum_stats(sums, rows_seen, forwards)
         out = {f"train.{k}": v / max(rows_seen, 1) for k, v in sums.items()}
         out.update({"train.grad_norm": float(np.mean(grad_norms)), "train.global_step": self.global_step,
                     "train.lr": self.opt.param_groups[0]["lr"], "train.advantage_abs_mean": float(adv.abs().mean()),

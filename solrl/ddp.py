@@ -1,0 +1,256 @@
+"""Data-parallel training under torchrun: `torchrun --nproc-per-node K -m solrl.cli train ...`.
+
+Every rank builds the same Session. Rank 0 alone samples the epoch's rollouts, evaluates and writes (metrics,
+checkpoints, evals); it broadcasts the training batch (x0, rewards, groups, prompts) and the state of the epoch's
+torch generator, so every rank draws the same timestep plan and noise as a single process would. Each optimizer
+step's samples are split among the ranks (contiguous, balanced), each rank runs its forwards and DDP sums the
+LoRA gradients, so a step's gradient is the single-process one up to float summation order. Checkpoints hold no
+rank-dependent state, so a run resumes with any number of ranks.
+
+Why broadcast rather than every rank sampling the same rollouts: sampling is most of an epoch's compute
+(explore + regenerate); K ranks recomputing it would spend K times the compute for the same wall-clock, and the
+other ranks need no low-precision explorer copy. The batch is small beside the compute that made it.
+
+Why DistributedDataParallel works with three adapters on one module: DDP wraps only the trainable forward
+(the "default" adapter, the one `requires_grad` set: the reducer tracks exactly those tensors); the "old" and
+reference forwards run under no_grad on the plain module, outside DDP. Forwards before a step's last run
+under `no_sync` (gradients accumulate locally), so every rank all-reduces once per step whatever its number
+of forwards. A comm hook SUMs instead of DDP's average, because each rank's loss is already weighted by its
+rows over the step's total rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from solrl.config import ConfigError, RunConfig
+
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+# Upper bound on any collective: ranks > 0 wait in the batch broadcast while rank 0 samples and evaluates, so
+# this must exceed an epoch's rollout + evaluation. A rank that dies is noticed much sooner: the peer's socket
+# closes (gloo raises at once) and torchrun's agent stops the other ranks within seconds.
+TIMEOUT = timedelta(minutes=30)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in a torchrun launch (world 1: an ordinary single process)."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    # Test hook (tests/test_ddp.py): SOLRL_TEST_DIE_AT_EPOCH=E makes rank SOLRL_TEST_DIE_RANK (default 1)
+    # os._exit(1) in epoch E (1-based), after receiving the batch and before training on it.
+    die_at_epoch: int | None = None
+    die_rank: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def parallel(self) -> bool:
+        return self.world > 1
+
+
+SINGLE = Ranks()
+
+
+def from_env(env: dict[str, str] | os._Environ = os.environ) -> Ranks:
+    """The torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) -> Ranks; SINGLE without them."""
+    if not all(k in env for k in TORCHRUN_ENV):
+        return SINGLE
+    die = env.get("SOLRL_TEST_DIE_AT_EPOCH")
+    return Ranks(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env["LOCAL_RANK"]),
+                 int(die) if die else None, int(env.get("SOLRL_TEST_DIE_RANK", "1")))
+
+
+@contextmanager
+def launch(env: dict[str, str] | os._Environ = os.environ) -> Iterator[Ranks]:
+    """The process group of a torchrun launch (gloo on CPU, nccl with CUDA: each rank on cuda:LOCAL_RANK),
+    destroyed on the way out. Outside torchrun, or with one rank, nothing is started."""
+    ranks = from_env(env)
+    if not ranks.parallel:
+        yield ranks
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(ranks.local_rank)
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=TIMEOUT)
+    try:
+        yield ranks
+    finally:
+        dist.destroy_process_group()
+
+
+def _device() -> torch.device:
+    """Where collectives' tensors live: the rank's GPU with nccl, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+# ---------------------------------------------------------------- who trains what
+def check_ranks(cfg: RunConfig, world: int) -> None:
+    """Every rank needs at least one sample of every optimizer step: refuse a launch where one would have none."""
+    if world <= 1:
+        return
+    r, t = cfg.rollout, cfg.train
+    steps = t.optimizer_steps_per_epoch or r.prompts_per_epoch
+    fewest = (r.prompts_per_epoch // max(steps, 1)) * r.kept   # steps take whole prompt groups (NFTTrainer.plan)
+    if fewest < world:
+        raise ConfigError(
+            f"WORLD_SIZE={world} trainer ranks, but an optimizer step can hold as few as {fewest} samples "
+            f"(rollout.prompts_per_epoch={r.prompts_per_epoch} prompts over "
+            f"train.optimizer_steps_per_epoch={t.optimizer_steps_per_epoch} ({steps} steps) x rollout.kept={r.kept}): "
+            f"each rank trains on at least one sample of every step; use at most {fewest} ranks, fewer optimizer "
+            f"steps or more kept samples per prompt")
+
+
+def rows_of_rank(n_samples: int, rows_per_sample: int, ranks: Ranks) -> tuple[int, int]:
+    """[lo, hi) of a step's rows (sample-major, `rows_per_sample` timesteps each) that this rank trains: a
+    contiguous, balanced share of whole samples."""
+    sizes = [len(a) for a in np.array_split(np.arange(n_samples), ranks.world)]
+    lo = sum(sizes[:ranks.rank])
+    if sizes[ranks.rank] == 0:
+        raise ValueError(f"rank {ranks.rank} of {ranks.world} has no sample of a {n_samples}-sample step")
+    return lo * rows_per_sample, (lo + sizes[ranks.rank]) * rows_per_sample
+
+
+def local_forwards(chunks: Iterable[tuple[torch.Tensor, ...]], lo: int, hi: int,
+                   micro_batch: int) -> tuple[int, Iterator[tuple[torch.Tensor, ...]]]:
+    """Rows [lo, hi) of a step, re-cut into balanced forwards of at most `micro_batch` rows.
+
+    `chunks` are the single-process forwards (tuples of row-aligned tensors, in order); each is consumed whether
+    or not it holds rows of this rank, so noise drawn per chunk from a shared generator advances it exactly as in
+    the single-process run. Returns (number of forwards, iterator); iterate to the end."""
+    n = hi - lo
+    sizes = [len(c) for c in np.array_split(np.arange(n), -(-n // micro_batch))]
+
+    def gen() -> Iterator[tuple[torch.Tensor, ...]]:
+        pending: list[tuple[torch.Tensor, ...]] = []
+        held, pos, want = 0, 0, iter(sizes)
+        size = next(want, None)
+        for chunk in chunks:
+            m = len(chunk[0])
+            a, b = max(lo, pos) - pos, min(hi, pos + m) - pos
+            pos += m
+            if a < b:
+                pending.append(tuple(x[a:b] for x in chunk))
+                held += b - a
+            while size is not None and held >= size:
+                joined = [parts[0] if len(parts) == 1 else torch.cat(parts) for parts in zip(*pending)]
+                yield tuple(x[:size] for x in joined)
+                held -= size
+                pending = [tuple(x[size:] for x in joined)] if held else []
+                size = next(want, None)
+        if size is not None:
+            raise ValueError(f"rows [{lo}, {hi}) run past the step's {pos} rows")
+
+    return len(sizes), gen()
+
+
+# ---------------------------------------------------------------- DDP over the LoRA
+class _Velocity(nn.Module):
+    """The model's velocity as one module, so DDP can wrap it: `T2IModel.velocity` inspects the transformer it
+    is given (its config, base weights), which a DDP wrapper would hide."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.transformer = model.transformer
+        self._velocity = model.velocity   # a bound method, not a module: DDP sees only the transformer
+
+    def forward(self, xt: torch.Tensor, t: torch.Tensor, cond: Any) -> torch.Tensor:
+        return self._velocity(self.transformer, xt, t, cond)
+
+
+def _allreduce_sum(group, bucket):  # no annotations: DDP checks them, and this module's are strings
+    """(ProcessGroup | None, GradBucket) -> Future[Tensor]. DDP's default hook averages; ranks here weight
+    their losses by their share of the step, so SUM."""
+    return (dist.all_reduce(bucket.buffer(), group=group, async_op=True).get_future()
+            .then(lambda fut: fut.value()[0]))
+
+
+def wrap(model: Any, adapter_params: Iterable[torch.Tensor]) -> nn.Module:
+    """DDP over the trainable forward. The base weights come from the same files on every rank; the adapters
+    (every tensor that trains or follows training) are broadcast from rank 0 instead of DDP's broadcast of the
+    whole module (init_sync=False: for a big model that is gigabytes of frozen weights)."""
+    with torch.no_grad():
+        for p in adapter_params:
+            p.copy_(_bcast_to(p.detach(), _device()))
+    ddp = nn.parallel.DistributedDataParallel(_Velocity(model), device_ids=None, forward_sync_buffers=False,
+                                              init_sync=False)
+    ddp.register_comm_hook(None, _allreduce_sum)
+    return ddp
+
+
+def grad_sync(ddp: nn.Module | None, last: bool):
+    """Context for one forward of a step: DDP all-reduces in the backward of the step's last forward only."""
+    return ddp.no_sync() if ddp is not None and not last else nullcontext()
+
+
+def sum_stats(sums: dict[str, float], *counts: int) -> tuple[dict[str, float], ...]:
+    """Sum the per-row statistics and counters of an update over the ranks (for the metrics rank 0 writes)."""
+    keys = sorted(sums)
+    buf = torch.tensor([sums[k] for k in keys] + [float(c) for c in counts], dtype=torch.float64, device=_device())
+    dist.all_reduce(buf)
+    vals = buf.cpu().tolist()
+    return (dict(zip(keys, vals[:len(keys)], strict=True)), *(int(v) for v in vals[len(keys):]))
+
+
+# ---------------------------------------------------------------- the epoch's batch
+def share_batch(ranks: Ranks, epoch: int, generator: torch.Generator, x0: torch.Tensor | None = None,
+                rewards: np.ndarray | None = None, group: list[int] | None = None,
+                prompts: list[str] | None = None) -> tuple[torch.Tensor, np.ndarray, list[int], list[str]]:
+    """Rank 0 passes its training batch (x0 [N, ...], rewards [N], group [N], per-sample prompts); every rank
+    returns it, and `generator` (the epoch's) takes rank 0's state, so the update draws the same plan and noise.
+    Prompts travel as UTF-8 JSON, never pickle."""
+    dev = _device()
+    if ranks.is_main:
+        text = torch.tensor(list(json.dumps(prompts).encode()), dtype=torch.uint8)
+        head = torch.tensor([x0.dim(), _DTYPES.index(x0.dtype), len(text), *x0.shape]
+                            + [0] * (7 - x0.dim()), dtype=torch.long)
+    else:
+        head = torch.zeros(10, dtype=torch.long)
+    head = _bcast_to(head, dev)
+    nd, dtype, n_text = int(head[0]), _DTYPES[int(head[1])], int(head[2])
+    shape = [int(s) for s in head[3:3 + nd]]
+    if ranks.is_main:
+        parts = [x0, torch.from_numpy(np.asarray(rewards, dtype=np.float32)),
+                 torch.tensor(group, dtype=torch.long), text, generator.get_state()]
+    else:
+        parts = [torch.empty(shape, dtype=dtype), torch.empty(shape[0]), torch.empty(shape[0], dtype=torch.long),
+                 torch.empty(n_text, dtype=torch.uint8), torch.empty_like(generator.get_state())]
+    parts = [_bcast_to(p, dev) for p in parts]
+    if not ranks.is_main:
+        generator.set_state(parts[4].cpu())
+        x0, rewards = parts[0], parts[1].cpu().numpy()
+        group, prompts = parts[2].cpu().tolist(), json.loads(bytes(parts[3].cpu().tolist()).decode())
+    if ranks.die_at_epoch == epoch + 1 and ranks.rank == ranks.die_rank:   # test hook (see Ranks)
+        print(f"solrl test hook: rank {ranks.rank} dies in epoch {epoch + 1} at {time.time():.3f}",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+    return x0, rewards, group, prompts
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _bcast_to(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    buf = t.to(dev).contiguous()
+    dist.broadcast(buf, src=0)
+    return buf
+
+
+__all__ = ["Ranks", "SINGLE", "from_env", "launch", "check_ranks", "rows_of_rank", "local_forwards", "wrap",
+           "grad_sync", "sum_stats", "share_batch", "TIMEOUT"]
