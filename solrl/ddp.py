@@ -80,24 +80,20 @@ def from_env(env: dict[str, str] | os._Environ = os.environ) -> Ranks:
 
 @contextmanager
 def launch(env: dict[str, str] | os._Environ = os.environ) -> Iterator[Ranks]:
-    """The process group of a torchrun launch (gloo on CPU, nccl with CUDA: each rank on cuda:LOCAL_RANK),
-    destroyed on the way out. Outside torchrun, or with one rank, nothing is started."""
+    """The process group of a torchrun launch, destroyed on the way out: gloo for CPU tensors and, with CUDA
+    (each rank on cuda:LOCAL_RANK), nccl for CUDA tensors, so DDP's buckets go where the model is (the shapes
+    model stays on the CPU). Outside torchrun, or with one rank, nothing is started."""
     ranks = from_env(env)
     if not ranks.parallel:
         yield ranks
         return
     if torch.cuda.is_available():
         torch.cuda.set_device(ranks.local_rank)
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=TIMEOUT)
+    dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo", timeout=TIMEOUT)
     try:
         yield ranks
     finally:
         dist.destroy_process_group()
-
-
-def _device() -> torch.device:
-    """Where collectives' tensors live: the rank's GPU with nccl, else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 # ---------------------------------------------------------------- who trains what
@@ -187,7 +183,7 @@ def wrap(model: Any, adapter_params: Iterable[torch.Tensor]) -> nn.Module:
     whole module (init_sync=False: for a big model that is gigabytes of frozen weights)."""
     with torch.no_grad():
         for p in adapter_params:
-            p.copy_(_bcast_to(p.detach(), _device()))
+            p.copy_(_broadcast(p.detach()))
     ddp = nn.parallel.DistributedDataParallel(_Velocity(model), device_ids=None, forward_sync_buffers=False,
                                               init_sync=False)
     ddp.register_comm_hook(None, _allreduce_sum)
@@ -199,10 +195,10 @@ def grad_sync(ddp: nn.Module | None, last: bool):
     return ddp.no_sync() if ddp is not None and not last else nullcontext()
 
 
-def sum_stats(sums: dict[str, float], *counts: int) -> tuple[dict[str, float], ...]:
+def sum_stats(sums: dict[str, float], *counts: int) -> tuple[Any, ...]:
     """Sum the per-row statistics and counters of an update over the ranks (for the metrics rank 0 writes)."""
     keys = sorted(sums)
-    buf = torch.tensor([sums[k] for k in keys] + [float(c) for c in counts], dtype=torch.float64, device=_device())
+    buf = torch.tensor([sums[k] for k in keys] + [float(c) for c in counts], dtype=torch.float64)
     dist.all_reduce(buf)
     vals = buf.cpu().tolist()
     return (dict(zip(keys, vals[:len(keys)], strict=True)), *(int(v) for v in vals[len(keys):]))
@@ -215,27 +211,26 @@ def share_batch(ranks: Ranks, epoch: int, generator: torch.Generator, x0: torch.
     """Rank 0 passes its training batch (x0 [N, ...], rewards [N], group [N], per-sample prompts); every rank
     returns it, and `generator` (the epoch's) takes rank 0's state, so the update draws the same plan and noise.
     Prompts travel as UTF-8 JSON, never pickle."""
-    dev = _device()
     if ranks.is_main:
         text = torch.tensor(list(json.dumps(prompts).encode()), dtype=torch.uint8)
-        head = torch.tensor([x0.dim(), _DTYPES.index(x0.dtype), len(text), *x0.shape]
-                            + [0] * (7 - x0.dim()), dtype=torch.long)
+        head = torch.tensor([x0.dim(), _DTYPES.index(x0.dtype), len(text), x0.is_cuda, *x0.shape]
+                            + [0] * (6 - x0.dim()), dtype=torch.long)
     else:
         head = torch.zeros(10, dtype=torch.long)
-    head = _bcast_to(head, dev)
-    nd, dtype, n_text = int(head[0]), _DTYPES[int(head[1])], int(head[2])
-    shape = [int(s) for s in head[3:3 + nd]]
+    head = _broadcast(head)
+    nd, dtype, n_text, on_gpu = int(head[0]), _DTYPES[int(head[1])], int(head[2]), bool(head[3])
+    shape = [int(s) for s in head[4:4 + nd]]
     if ranks.is_main:
         parts = [x0, torch.from_numpy(np.asarray(rewards, dtype=np.float32)),
                  torch.tensor(group, dtype=torch.long), text, generator.get_state()]
     else:
         parts = [torch.empty(shape, dtype=dtype), torch.empty(shape[0]), torch.empty(shape[0], dtype=torch.long),
                  torch.empty(n_text, dtype=torch.uint8), torch.empty_like(generator.get_state())]
-    parts = [_bcast_to(p, dev) for p in parts]
+    parts = [_broadcast(p.cpu()) for p in parts]   # through gloo: the batch is small beside its rollouts
     if not ranks.is_main:
-        generator.set_state(parts[4].cpu())
-        x0, rewards = parts[0], parts[1].cpu().numpy()
-        group, prompts = parts[2].cpu().tolist(), json.loads(bytes(parts[3].cpu().tolist()).decode())
+        generator.set_state(parts[4])
+        x0, rewards = (parts[0].cuda() if on_gpu else parts[0]), parts[1].numpy()
+        group, prompts = parts[2].tolist(), json.loads(bytes(parts[3].tolist()).decode())
     if ranks.die_at_epoch == epoch + 1 and ranks.rank == ranks.die_rank:   # test hook (see Ranks)
         print(f"solrl test hook: rank {ranks.rank} dies in epoch {epoch + 1} at {time.time():.3f}",
               file=sys.stderr, flush=True)
@@ -246,8 +241,9 @@ def share_batch(ranks: Ranks, epoch: int, generator: torch.Generator, x0: torch.
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
-def _bcast_to(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    buf = t.to(dev).contiguous()
+def _broadcast(t: torch.Tensor) -> torch.Tensor:
+    """Rank 0's `t` on every rank, on `t`'s device (gloo for CPU tensors, nccl for CUDA ones)."""
+    buf = t.contiguous()
     dist.broadcast(buf, src=0)
     return buf
 
