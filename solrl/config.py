@@ -344,9 +344,9 @@ def _shapes_base(name: str, mode: str) -> RunConfig:
     epoch) at lr 1e-3 and trains every
     sample at all 10 rollout timesteps (timestep fraction 1.0; the reference uses 0.6 / 0.4). On the bundled
     base this raised the held-out exact reward +0.078 in 15 epochs, against +0.024 with one step per epoch at
-    3e-4 and fraction 0.4, and +0.022 with 4 steps (docs/shapes.md). 10 epochs: 15 take more than 10 minutes
-    on two cores with these trainer settings."""
-    cfg = RunConfig(name=name, seed=0, epochs=10, threads=0)
+    3e-4 and fraction 0.4, and +0.022 with 4 steps (docs/shapes.md). 12 epochs: what fits `make demo`'s 10
+    minutes on two cores since a training forward takes rows of several samples and timesteps (10 before)."""
+    cfg = RunConfig(name=name, seed=0, epochs=12, threads=0)
     cfg.lora = LoraConfig(rank=16, alpha=32.0)
     cfg.rollout = RolloutConfig(
         mode=mode, prompts_per_epoch=8, pool=16, kept=8, explore_steps=6, steps=10, micro_batch=128,
