@@ -21,9 +21,11 @@ venv: $(STAMP)
 protos: $(STAMP)
 	$(BIN)/python -m solrl.protos_build
 
+# One process: OpenMP's default wait policy. PASSIVE (above, for the many processes of the service tests)
+# makes every parallel region wake sleeping threads, which on 2 cores doubles the demo's sampling time.
 demo: protos
 	rm -rf runs/demo
-	$(BIN)/solrl train --preset shapes-sol-rl --out runs/demo
+	env -u OMP_WAIT_POLICY $(BIN)/solrl train --preset shapes-sol-rl --out runs/demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check solrl services tests
