@@ -229,8 +229,9 @@ def attention_macs(module, run) -> int:
     """Q K^T and A V multiply-accumulates of every diffusers Attention of `module` during `run()`:
     2 x batch x query tokens x key tokens x inner width each (torch's FlopCounterMode misses the CPU
     attention kernel, so they are counted from the calls' shapes)."""
-    import torch
     from diffusers.models.attention_processor import Attention
+
+    from solrl.precision.base import run_hooked
 
     total = 0
 
@@ -241,13 +242,8 @@ def attention_macs(module, run) -> int:
         kv = q if kv is None else kv
         total += 2 * q.shape[0] * q.shape[1] * kv.shape[1] * m.inner_dim
 
-    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in module.modules() if isinstance(m, Attention)]
-    try:
-        with torch.no_grad():
-            run()
-    finally:
-        for h in handles:
-            h.remove()
+    run_hooked([m.register_forward_hook(hook, with_kwargs=True) for m in module.modules() if isinstance(m, Attention)],
+               run)
     return total
 
 

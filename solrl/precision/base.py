@@ -318,15 +318,19 @@ def layer_macs(model: nn.Module, run: Callable[[], object]) -> dict[str, int]:
             n = inputs[0].numel() // module.in_features * module.in_features * module.out_features
         macs[name] = macs.get(name, 0) + n
 
-    handles = [m.register_forward_hook(partial(hook, name)) for name, m in model.named_modules()
-               if name and (is_plain_linear(m) or isinstance(m, nn.Conv2d))]
+    run_hooked([m.register_forward_hook(partial(hook, name)) for name, m in model.named_modules()
+                if name and (is_plain_linear(m) or isinstance(m, nn.Conv2d))], run)
+    return macs
+
+
+def run_hooked(handles: list, run: Callable[[], object]) -> None:
+    """Call `run()` without gradients, then remove the forward-hook `handles` (also when it raises)."""
     try:
         with torch.no_grad():
             run()
     finally:
         for h in handles:
             h.remove()
-    return macs
 
 
 def quantized_mac_share(model: nn.Module, selected: list[str], run: Callable[[], object]) -> float:
