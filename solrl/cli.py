@@ -31,8 +31,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     cfg, run_dir = resolve_run(a.preset, a.config, overrides, a.out, a.resume)
     if not a.resume and (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
         raise ConfigError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
-    ranks = ddp.from_env()
-    ddp.check_ranks(cfg, ranks.world)  # before the process group: every rank refuses alike
+    ddp.check_ranks(cfg, ddp.from_env().world)  # before the process group: every rank refuses alike
     with ddp.launch() as ranks:  # under torchrun: data-parallel, rank 0 samples and writes (solrl/ddp.py)
         if not ranks.is_main:
             train(cfg, run_dir, resume=bool(a.resume), progress=False, log=lambda *_: None, ranks=ranks)

@@ -223,11 +223,15 @@ class LoraAdapters:
             if name is not None:
                 a = layer.lora_A[name].weight.float()
                 b = layer.lora_B[name].weight.float()
-                # Conv2d: A is a [r, in, kh, kw] conv, B a 1x1 [out, r] conv, so the delta is B applied to A's kernel
-                delta = b @ a if isinstance(base, nn.Linear) else torch.einsum("or,rikl->oikl", b[:, :, 0, 0], a)
-                weight.add_(delta, alpha=layer.scaling[name])
+                weight.add_(lora_delta(a, b), alpha=layer.scaling[name])
             out[module] = weight
         return out
+
+
+def lora_delta(a: Tensor, b: Tensor) -> Tensor:
+    """B @ A, the unscaled LoRA update of a weight: [out, in] for a Linear; for a Conv2d (peft's layout: A a
+    [r, in, kh, kw] conv, B a 1x1 [out, r] conv) B applied to A's kernel, [out, in, kh, kw]."""
+    return b @ a if a.ndim == 2 else torch.einsum("or,rikl->oikl", b[:, :, 0, 0], a)
 
 
 def make_inference_copy(adapters: LoraAdapters, model_cls: type[nn.Module], config: Mapping[str, Any]) -> nn.Module:

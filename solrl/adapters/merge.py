@@ -14,7 +14,7 @@ import torch
 from peft.tuners.tuners_utils import check_target_module_exists
 from torch import Tensor, nn
 
-from solrl.adapters.lora import PREFIX, LoraSpec, check_state
+from solrl.adapters.lora import PREFIX, LoraSpec, check_state, lora_delta
 
 
 def _check_spec(spec: LoraSpec) -> None:
@@ -83,6 +83,5 @@ def merge_lora(base_weights: Mapping[str, Tensor], state: Mapping[str, Tensor], 
     for name, weight in base_weights.items():
         a = state[f"{PREFIX}.{name}.lora_A.weight"].to(device=weight.device, dtype=torch.float32)
         b = state[f"{PREFIX}.{name}.lora_B.weight"].to(device=weight.device, dtype=torch.float32)
-        delta = b @ a if weight.ndim == 2 else torch.einsum("or,rikl->oikl", b[:, :, 0, 0], a)
-        out[name] = weight.float().clone().add_(delta, alpha=scale)
+        out[name] = weight.float().clone().add_(lora_delta(a, b), alpha=scale)
     return out
