@@ -97,20 +97,40 @@ def launch(env: dict[str, str] | os._Environ = os.environ) -> Iterator[Ranks]:
 
 
 # ---------------------------------------------------------------- who trains what
+def step_samples(prompts: int, kept: int, optimizer_steps: int) -> list[int]:
+    """Samples in each optimizer step of an epoch: `prompts` prompt groups of `kept` samples, split into
+    `optimizer_steps` runs of whole groups as NFTTrainer.plan splits them (np.array_split; 0: one step per
+    group)."""
+    steps = optimizer_steps or prompts
+    return [len(chunk) * kept for chunk in np.array_split(np.arange(prompts), max(min(steps, prompts), 1))]
+
+
+def max_ranks(cfg: RunConfig) -> int:
+    """The most data-parallel trainer ranks a run can use: every rank trains at least one sample of every
+    optimizer step, so the fewest samples any step holds (the rule `check_ranks` enforces, and the cap
+    `solrl plan` places trainer ranks under)."""
+    r, t = cfg.rollout, cfg.train
+    return min(step_samples(r.prompts_per_epoch, r.kept, t.optimizer_steps_per_epoch))
+
+
+def ranks_rule(cfg: RunConfig) -> str:
+    """Where max_ranks comes from, naming the config fields (for errors and the plan's output)."""
+    r, t = cfg.rollout, cfg.train
+    steps = t.optimizer_steps_per_epoch or r.prompts_per_epoch
+    return (f"rollout.prompts_per_epoch={r.prompts_per_epoch} prompts over train.optimizer_steps_per_epoch="
+            f"{t.optimizer_steps_per_epoch} ({steps} steps) x rollout.kept={r.kept}")
+
+
 def check_ranks(cfg: RunConfig, world: int) -> None:
     """Every rank needs at least one sample of every optimizer step: refuse a launch where one would have none."""
     if world <= 1:
         return
-    r, t = cfg.rollout, cfg.train
-    steps = t.optimizer_steps_per_epoch or r.prompts_per_epoch
-    fewest = (r.prompts_per_epoch // max(steps, 1)) * r.kept   # steps take whole prompt groups (NFTTrainer.plan)
+    fewest = max_ranks(cfg)
     if fewest < world:
         raise ConfigError(
             f"WORLD_SIZE={world} trainer ranks, but an optimizer step can hold as few as {fewest} samples "
-            f"(rollout.prompts_per_epoch={r.prompts_per_epoch} prompts over "
-            f"train.optimizer_steps_per_epoch={t.optimizer_steps_per_epoch} ({steps} steps) x rollout.kept={r.kept}): "
-            f"each rank trains on at least one sample of every step; use at most {fewest} ranks, fewer optimizer "
-            f"steps or more kept samples per prompt")
+            f"({ranks_rule(cfg)}): each rank trains on at least one sample of every step; use at most {fewest} "
+            f"ranks, fewer optimizer steps or more kept samples per prompt")
 
 
 def rows_of_rank(n_samples: int, rows_per_sample: int, ranks: Ranks) -> tuple[int, int]:
@@ -248,5 +268,5 @@ def _broadcast(t: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-__all__ = ["Ranks", "SINGLE", "from_env", "launch", "check_ranks", "rows_of_rank", "local_forwards", "wrap",
-           "grad_sync", "sum_stats", "share_batch", "TIMEOUT"]
+__all__ = ["Ranks", "SINGLE", "from_env", "launch", "step_samples", "max_ranks", "ranks_rule", "check_ranks",
+           "rows_of_rank", "local_forwards", "wrap", "grad_sync", "sum_stats", "share_batch", "TIMEOUT"]

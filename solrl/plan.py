@@ -24,8 +24,10 @@ efficiencies calibrated against the paper's timing table (docs/method.md, 8x B20
 - Placements: colocated (every role time-shares every GPU, as the paper: the stages run one after another,
   each over all N GPUs) or disaggregated (explorers, regenerators and trainer ranks on their own GPUs,
   plus one GPU for the reward service, as docker-compose.yml and k8s/overlays/b200 ship it). Explore and
-  regenerate jobs are whole prompts and the trainer's share is whole samples, so a stage on g GPUs takes
-  ceil(units / g) units' time. Disaggregated, the regenerators take each prompt as soon as it is explored
+  regenerate jobs are whole prompts, so a sampling stage on g GPUs takes ceil(prompts / g) prompts' time;
+  the trainer splits every optimizer step's samples among its ranks (solrl/ddp.py), so training on g ranks
+  takes the sum over steps of ceil(step samples / g) samples' time, and at most the fewest samples of any
+  step can be ranks (`ddp.max_ranks`, the rule the trainer enforces). Disaggregated, the regenerators take each prompt as soon as it is explored
   (the queue streams them), so the rollout takes the slower of the two stages plus one prompt of the
   other; training needs the whole batch (advantages use the batch's std) and comes after.
 - Memory per GPU (rough): BF16 weights (shared by the roles of one GPU), the explorer's quantized copy,
@@ -345,11 +347,18 @@ class Recipe:
     eval_every: int
     eval_forwards: int        # per evaluation (BF16)
     reward: str
+    step_samples: tuple[int, ...] = ()   # samples of each optimizer step (ddp.step_samples)
+    ranks_rule: str = ""                  # where the rank cap comes from (ddp.ranks_rule), for messages
     notes: tuple[str, ...] = ()
 
     @property
     def samples(self) -> int:
         return self.prompts * self.kept
+
+    @property
+    def max_trainer_ranks(self) -> int:
+        """The trainer's rule (ddp.max_ranks): every rank needs a sample of every optimizer step."""
+        return min(self.step_samples) if self.step_samples else self.samples
 
     @property
     def explorer_needed(self) -> bool:
@@ -358,6 +367,7 @@ class Recipe:
 
 def recipe_from_config(cfg: RunConfig, preset: str, gpu: Gpu) -> tuple[Recipe, Any]:
     """The epoch's recipe and the explorer's PrecisionConfig (for the quantized share)."""
+    from solrl import ddp
     from solrl.algo.nft import timestep_count
 
     r, notes = cfg.rollout, []
@@ -401,7 +411,9 @@ def recipe_from_config(cfg: RunConfig, preset: str, gpu: Gpu) -> tuple[Recipe, A
         train_timesteps=timestep_count(r.steps, cfg.train.timestep_fraction),
         train_passes=5 if cfg.train.kl_beta > 0 else 4, rollout_micro_batch=r.micro_batch,
         train_micro_batch=cfg.train.micro_batch, eval_every=ev.every,
-        eval_forwards=ev.prompts * ev.seeds_per_prompt * sum(ev.steps), reward=cfg.reward, notes=tuple(notes))
+        eval_forwards=ev.prompts * ev.seeds_per_prompt * sum(ev.steps), reward=cfg.reward,
+        step_samples=tuple(ddp.step_samples(r.prompts_per_epoch, r.kept, cfg.train.optimizer_steps_per_epoch)),
+        ranks_rule=ddp.ranks_rule(cfg), notes=tuple(notes))
     # the layers it quantizes: the emulated backend of the planned format selects them by the same rules
     return recipe, dataclasses.replace(explore_pc, backend={"fp4": "nvfp4-emu", "fp8": "fp8-e4m3-emu"}.get(fmt, "bf16"))
 
@@ -437,11 +449,17 @@ class Stage:
     flops: float
     compute_s: float          # at 100% of peak on one GPU
     image_units: float        # images x pixels / 1024^2 x (B200 BF16 peak / this GPU's)
+    parts: tuple[int, ...] = ()   # units that spread over the GPUs one part after another (training: each
+                                  # optimizer step's samples); () = all units at once
+
+    def share(self, gpus: int) -> float:
+        """The share of the one-GPU time the stage takes on `gpus` GPUs: ceil(units / g) of its units, part by part."""
+        return sum(math.ceil(p / gpus) for p in self.parts or (self.units,)) / self.units
 
     def seconds(self, cal: Calibration, gpus: int = 1) -> float:
         eff = cal.eta_train if self.name == "train" else cal.eta_rollout
         one = self.compute_s / eff + self.image_units * cal.image_s
-        return one * math.ceil(self.units / gpus) / self.units
+        return one * self.share(gpus)
 
 
 def stages(facts: ModelFacts, recipe: Recipe, gpu: Gpu) -> dict[str, Stage]:
@@ -461,14 +479,14 @@ def stages(facts: ModelFacts, recipe: Recipe, gpu: Gpu) -> dict[str, Stage]:
         n = images * recipe.steps * recipe.cfg_mult
         out["regenerate"] = Stage("regenerate", recipe.prompts, n * fwd.flops, n * bf16_s, images * pixels)
     n = recipe.samples * recipe.train_timesteps * recipe.train_passes
-    out["train"] = Stage("train", recipe.samples, n * fwd.flops, n * bf16_s, 0.0)
+    out["train"] = Stage("train", recipe.samples, n * fwd.flops, n * bf16_s, 0.0, recipe.step_samples)
     return out
 
 
 def _terms(st: dict[str, Stage], names: tuple[str, ...], gpus: int) -> list[float]:
     """The coefficients of (1 / eta_rollout, image_s, 1 / eta_train) in the time of the named stages, each
     spread over `gpus` GPUs: sampling compute seconds, image units, training compute seconds."""
-    part = {k: math.ceil(s.units / gpus) / s.units for k, s in st.items() if k in names}
+    part = {k: s.share(gpus) for k, s in st.items() if k in names}
     return [sum(st[k].compute_s * f for k, f in part.items() if k != "train"),
             sum(st[k].image_units * f for k, f in part.items()),
             st["train"].compute_s * part["train"] if "train" in part else 0.0]
@@ -597,8 +615,9 @@ class Layout:
                 f"{self.trainer_ranks}, reward {self.reward}" + (f", {self.unused} unused" if self.unused else ""))
 
 
-def colocated(st: dict[str, Stage], cal: Calibration, mem: MemoryModel, gpus: int, hbm_gb: float) -> Layout:
-    ranks = min(gpus, st["train"].units)
+def colocated(st: dict[str, Stage], cal: Calibration, mem: MemoryModel, gpus: int, hbm_gb: float,
+              max_ranks: int) -> Layout:
+    ranks = min(gpus, max_ranks)
     t = {k: s.seconds(cal, gpus if k != "train" else ranks) for k, s in st.items()}
     rollout = t.get("explore", 0.0) + t.get("regenerate", 0.0)
     used = mem.role("colocated")
@@ -632,10 +651,10 @@ def disaggregated(st: dict[str, Stage], cal: Calibration, mem: MemoryModel, expl
 
 
 def disaggregated_layouts(st: dict[str, Stage], cal: Calibration, mem: MemoryModel, gpus: int, hbm_gb: float,
-                          explorers: int | None = None, regenerators: int | None = None,
+                          max_ranks: int, explorers: int | None = None, regenerators: int | None = None,
                           trainer_ranks: int | None = None) -> list[Layout]:
-    """Every split of `gpus` - 1 (one for the reward service) over the roles with work; pinned counts stay."""
-    samples = st["train"].units
+    """Every split of `gpus` - 1 (one for the reward service) over the roles with work, at most `max_ranks`
+    trainer ranks (ddp.max_ranks); pinned counts stay."""
     prompts = next(iter(s.units for k, s in st.items() if k != "train"), 0)
     free = gpus - 1
     e_range = [0] if "explore" not in st else [explorers] if explorers else range(1, min(prompts, free) + 1)
@@ -644,7 +663,7 @@ def disaggregated_layouts(st: dict[str, Stage], cal: Calibration, mem: MemoryMod
     for e in e_range:
         for r in r_range:
             rest = free - e - r
-            t = trainer_ranks or min(rest, samples)
+            t = trainer_ranks or min(rest, max_ranks)
             if t < 1 or rest < t:
                 continue
             out.append(disaggregated(st, cal, mem, e, r, t, hbm_gb, unused=rest - t))
@@ -716,10 +735,11 @@ def make_plan(cfg: RunConfig, preset: str, gpu_kind: str, gpus: int, *, layout: 
     for name, value in (("explorers", explorers), ("regenerators", regenerators), ("trainer ranks", trainer_ranks)):
         if value is not None and value < 1:
             raise PlanError(f"{name} must be at least 1, got {value}")
-    if trainer_ranks is not None and trainer_ranks > recipe.samples:
-        raise PlanError(f"{trainer_ranks} trainer ranks but only {recipe.samples} kept samples per epoch "
-                        f"({recipe.prompts} prompts x {recipe.kept} kept): every rank needs at least one sample; "
-                        f"use at most {recipe.samples} ranks or raise rollout.prompts_per_epoch / rollout.kept")
+    most = recipe.max_trainer_ranks
+    if trainer_ranks is not None and trainer_ranks > most:
+        raise PlanError(f"{trainer_ranks} trainer ranks, but an optimizer step can hold as few as {most} samples "
+                        f"({recipe.ranks_rule}): every rank trains on at least one sample of every step "
+                        f"(solrl/ddp.py); use at most {most} ranks, fewer optimizer steps or more kept samples")
     if trainer_ranks is not None and trainer_ranks > gpus:
         raise PlanError(f"{trainer_ranks} trainer ranks do not fit on {gpus} GPUs")
     if explorers and not recipe.explored:
@@ -734,12 +754,12 @@ def make_plan(cfg: RunConfig, preset: str, gpu_kind: str, gpus: int, *, layout: 
 
     colo = None
     if layout in ("auto", "colocated") and not pinned:
-        if trainer_ranks is not None and trainer_ranks != min(gpus, recipe.samples):
+        if trainer_ranks is not None and trainer_ranks != min(gpus, most):
             if layout == "colocated":
-                raise PlanError(f"colocated, the trainer runs on every GPU ({min(gpus, recipe.samples)} ranks), not "
+                raise PlanError(f"colocated, the trainer runs on every GPU ({min(gpus, most)} ranks), not "
                                 f"{trainer_ranks}")
         else:
-            colo = colocated(st, cal, mem, gpus, hbm)
+            colo = colocated(st, cal, mem, gpus, hbm, most)
     roles = 1 + ("explore" in st) + ("regenerate" in st) + 1
     dis = []
     if layout in ("auto", "disaggregated"):
@@ -749,7 +769,7 @@ def make_plan(cfg: RunConfig, preset: str, gpu_kind: str, gpus: int, *, layout: 
                 raise PlanError(f"a disaggregated layout needs at least {need} GPUs here (one per role with work, "
                                 f"the pinned counts, one for the reward service), got {gpus}")
         else:
-            dis = disaggregated_layouts(st, cal, mem, gpus, hbm, explorers, regenerators, trainer_ranks)
+            dis = disaggregated_layouts(st, cal, mem, gpus, hbm, most, explorers, regenerators, trainer_ranks)
     candidates = [x for x in [colo, *dis] if x is not None]
     if not candidates:
         raise PlanError(f"no layout of {gpus} GPUs can run this recipe ({roles} roles disaggregated)")
@@ -766,8 +786,8 @@ def make_plan(cfg: RunConfig, preset: str, gpu_kind: str, gpus: int, *, layout: 
     if dis and best_dis is None:
         notes.append("no disaggregated split fits in memory: " + _roles_text(dis[0].memory_gb, hbm))
     if colo is not None and colo.trainer_ranks < gpus:
-        notes.append(f"only {colo.trainer_ranks} kept samples per epoch: the trainer uses {colo.trainer_ranks} of "
-                     f"the {gpus} GPUs")
+        notes.append(f"an optimizer step can hold as few as {most} samples ({recipe.ranks_rule}): the trainer "
+                     f"uses {colo.trainer_ranks} of the {gpus} GPUs")
     ev = recipe.eval_forwards * recipe.cfg_mult * facts.forward.flops / (gpu.tflops["bf16"] * 1e12) / cal.eta_rollout
     pipelined = min((x for x in dis if x.fits), key=lambda x: x.pipelined_s, default=None)
     return Plan(recipe, gpu_kind, gpus, facts, cal, {k: s.seconds(cal) for k, s in st.items()}, mem, best,
@@ -855,6 +875,8 @@ def format_plan(p: Plan) -> str:
         f"VAE {m.components:.1f}, reward {m.reward:.1f}, LoRA states {m.lora_states:.2f}, sampling activations "
         f"{m.sample_activations:.1f}, training activations {m.train_micro_batch * m.train_activations_per_sample:.1f}"
         f" (micro-batch {m.train_micro_batch})",
+        f"trainer    at most {r.max_trainer_ranks} data-parallel ranks: every rank trains a sample of every optimizer "
+        f"step, and a step can hold as few as {r.max_trainer_ranks} samples ({r.ranks_rule})",
         "",
         f"{'layout (seconds per epoch)':<82}{'explore':>9}{'regen':>9}{'rollout':>9}{'train':>9}{'epoch':>9}"
         f"{'stale 1':>9}",

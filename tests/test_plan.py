@@ -145,10 +145,39 @@ def test_unknown_gpu_kind():
 
 
 def test_more_trainer_ranks_than_samples():
-    with pytest.raises(P.PlanError, match="1153 trainer ranks but only 1152 kept samples per epoch"):
+    with pytest.raises(P.PlanError, match="1153 trainer ranks, but an optimizer step can hold as few as 1152 samples"):
         _plan("sana1.5-1.6b", gpus=2000, trainer_ranks=1153)
-    with pytest.raises(P.PlanError, match="kept samples per epoch"):
+    with pytest.raises(P.PlanError, match="as few as 2 samples"):
         _plan("sana1.5-1.6b", sets=["rollout.prompts_per_epoch=1", "rollout.kept=2"], trainer_ranks=3)
+
+
+def test_trainer_ranks_follow_the_trainer_s_rule_not_the_epoch_s_samples():
+    """shapes-sol-rl takes one optimizer step per prompt group: with 4 kept of 8 prompts an epoch holds 32
+    samples but each step 4, and the trainer (ddp.check_ranks) refuses a 5th rank. The plan caps ranks the same
+    way (one function, ddp.max_ranks), says so, and prices training per step: ceil(4 / g) samples each."""
+    from solrl import ddp
+    from solrl.config import ConfigError
+
+    sets = ["rollout.kept=4"]
+    cfg, _ = P.resolve_config(None, "shapes-sol-rl", sets)
+    assert ddp.max_ranks(cfg) == 4 and cfg.rollout.prompts_per_epoch * cfg.rollout.kept == 32
+    p = _plan("shapes", gpus=16, sets=sets)
+    assert p.recipe.step_samples == (4,) * 8 and p.recipe.max_trainer_ranks == 4
+    assert p.colocated.trainer_ranks == 4 and p.disaggregated.trainer_ranks == 4   # was 16 and 4 with the epoch's 32
+    for layout in (p.colocated, p.disaggregated):
+        ddp.check_ranks(cfg, layout.trainer_ranks)   # what the plan places, the trainer accepts
+    with pytest.raises(ConfigError, match="WORLD_SIZE=5"):
+        ddp.check_ranks(cfg, 5)
+    with pytest.raises(P.PlanError, match=r"5 trainer ranks, but an optimizer step can hold as few as 4 samples "
+                                          r"\(rollout.prompts_per_epoch=8 prompts over train.optimizer_steps_per_epoch=0 "
+                                          r"\(8 steps\) x rollout.kept=4\)"):
+        _plan("shapes", gpus=16, sets=sets, trainer_ranks=5)
+    train = p.stage_one_gpu_s["train"]
+    assert p.colocated.stage_s["train"] == pytest.approx(train / 4)
+    three = _plan("shapes", gpus=16, sets=sets, layout="disaggregated", trainer_ranks=3).best
+    assert three.stage_s["train"] == pytest.approx(train / 2)   # ceil(4 / 3) = 2 of every step's 4 samples
+    text = P.format_plan(p)
+    assert "trainer    at most 4 data-parallel ranks" in text and "the trainer uses 4 of the 16 GPUs" in text
 
 
 def test_plans_that_do_not_fit_in_memory(monkeypatch):
