@@ -27,9 +27,9 @@ efficiencies calibrated against the paper's timing table (docs/method.md, 8x B20
   regenerate jobs are whole prompts, so a sampling stage on g GPUs takes ceil(prompts / g) prompts' time;
   the trainer splits every optimizer step's samples among its ranks (solrl/ddp.py), so training on g ranks
   takes the sum over steps of ceil(step samples / g) samples' time, and at most the fewest samples of any
-  step can be ranks (`ddp.max_ranks`, the rule the trainer enforces). Disaggregated, the regenerators take each prompt as soon as it is explored
-  (the queue streams them), so the rollout takes the slower of the two stages plus one prompt of the
-  other; training needs the whole batch (advantages use the batch's std) and comes after.
+  step can be ranks (`ddp.max_ranks`, the rule the trainer enforces). Disaggregated, the regenerators take
+  each prompt as soon as it is explored (the queue streams them), so the rollout takes the slower of the two
+  stages plus one prompt of the other; training needs the whole batch (advantages use the batch's std) and comes after.
 - Memory per GPU (rough): BF16 weights (shared by the roles of one GPU), the explorer's quantized copy,
   text encoders and VAE, the reward model, LoRA states, and activations: sampling micro-batch x tokens x
   width x 16 bytes, training micro-batch x tokens x width x blocks x 34 bytes (the BF16 per-layer estimate
