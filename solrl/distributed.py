@@ -6,8 +6,9 @@ by their idempotency key), then train with the same `NFTTrainer.update` as the e
 Prompts, seed pools and the training generator come from the same `epoch_rng(seed, epoch, 0)`, so
 with the same config the distributed run follows the embedded one. Transport-free: it takes a Queue.
 
-Supported mode: sol_rl (explore -> select -> regenerate). The stream and group names here are the
-pipeline's contract; the service workers (services.common.workers) import them.
+Supported mode: sol_rl (explore -> select -> regenerate), with train.algo nft or flow_grpo (the regenerators
+then sample with the SDE, SamplerSpec.sde_eta, and each Rollout carries its trajectory and log-probs). The stream
+and group names here are the pipeline's contract; the service workers (services.common.workers) import them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from solrl import ddp
 from solrl.adapters import encode_adapter
 from solrl.adapters.wire import sha256_hex
 from solrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -124,7 +126,8 @@ class RemoteSession:
 
         t0 = time.perf_counter()
         sampler = common_pb2.SamplerSpec(solver=sess.sampler.solver, steps=r.steps, shift=sess.sampler.shift,
-                                         guidance=sess.sampler.guidance)
+                                         guidance=sess.sampler.guidance,
+                                         sde_eta=r.sde_eta if cfg.train.algo == "flow_grpo" else 0.0)
         jobs = {job_id_for(self.run_id, epoch, p): p for p in range(len(prompts))}
         published: dict[str, str] = {}
         cand = None  # the adaptive proxy: the explorers are told which precision and policy to sample with
@@ -154,13 +157,17 @@ class RemoteSession:
         rewards = np.asarray([ro.reward for ro in rolls], dtype=np.float32)
         proxy = np.asarray([ro.proxy_reward for ro in rolls], dtype=np.float32).reshape(len(prompts), r.kept)
         group = [p for p, _ in order]
+        traj, log_probs = sde_records(rolls, r.steps, r.sde_eta) if cfg.train.algo == "flow_grpo" else (None, None)
         rec.update({"rollout.reward_mean": float(rewards.mean()), "rollout.reward_std": float(rewards.std()),
                     "explore.kept_proxy_mean": float(proxy.mean()),
                     **proxy_agreement(proxy, rewards.reshape(len(prompts), r.kept)),
                     **selection_contrast(rewards.reshape(len(prompts), r.kept), r.selection)})
 
         t0 = time.perf_counter()
-        batch = Batch(x0, sess.cache([prompts[p] for p in group]), rewards, group)
+        per_sample = [prompts[p] for p in group]
+        if sess.trainer.ranks.parallel:  # data-parallel: the other ranks train on this batch too (Session.follow)
+            ddp.share_batch(sess.trainer.ranks, epoch, tgen, x0, rewards, group, per_sample)
+        batch = Batch(x0, sess.cache(per_sample), rewards, group, traj, log_probs)
         rec.update(sess.trainer.update(batch, tgen))
         sess.version += 1
         rec["time_train_s"] = time.perf_counter() - t0
@@ -219,23 +226,43 @@ def collect_rollouts(queue: Queue, jobs: dict[str, int], kept: int, timeout_s: f
     return got
 
 
-def _tensor(msg: Any) -> torch.Tensor:
-    """A float32 common.v1.Tensor as a torch tensor (the rollouts' x0)."""
+def _tensor(msg: Any, field: str = "x0") -> torch.Tensor:
+    """A float32 common.v1.Tensor as a torch tensor (the rollouts' x0, trajectory, log_probs)."""
     if msg.dtype != "float32":
-        raise ValueError(f"rollout x0.dtype must be float32, got {msg.dtype!r}")
+        raise ValueError(f"rollout {field}.dtype must be float32, got {msg.dtype!r}")
     array = np.frombuffer(msg.data, dtype="<f4")
     if array.size != int(np.prod(msg.shape)):
-        raise ValueError(f"rollout x0: {array.size} elements for shape {list(msg.shape)}")
+        raise ValueError(f"rollout {field}: {array.size} elements for shape {list(msg.shape)}")
     return torch.from_numpy(array.reshape(tuple(msg.shape)).copy())
+
+
+def sde_records(rolls: list[Any], steps: int, eta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """flow_grpo: the Rollouts' SDE trajectories [N, steps+1, ...] and log-probs [N, steps], checked to be what
+    the run asked for (a regenerator that ignores SamplerSpec.sde_eta sends none: a clear error, not a crash)."""
+    for ro in rolls:
+        if not ro.HasField("trajectory") or not ro.HasField("log_probs"):
+            raise RuntimeError(f"rollout {ro.job_id} (seed {ro.seed}) has no SDE trajectory / log_probs: train.algo="
+                               f"flow_grpo needs regenerators that sample with SamplerSpec.sde_eta (update them)")
+        if ro.sde_eta != eta:
+            raise RuntimeError(f"rollout {ro.job_id} was sampled with sde_eta {ro.sde_eta}, the run asked for {eta}")
+    traj = torch.stack([_tensor(ro.trajectory, "trajectory") for ro in rolls])
+    log_probs = torch.stack([_tensor(ro.log_probs, "log_probs") for ro in rolls])
+    if traj.shape[1] != steps + 1 or log_probs.shape[1:] != (steps,):
+        raise RuntimeError(f"rollouts of {log_probs.shape[1]} steps (trajectory {tuple(traj.shape[1:])}), the run "
+                           f"samples {steps} (rollout.steps)")
+    return traj, log_probs
 
 
 def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: PushAdapter, *, run_id: str = "run",
                     rollout_timeout_s: float = 600.0, log: Callable[[str], None] = print,
                     on_session: Callable[[RemoteSession], None] = lambda s: None,
                     resume: bool = False, pickup_timeout_s: float | None = 120.0,
-                    on_record: Callable[[dict[str, Any]], None] = lambda rec: None) -> dict[str, Any]:
+                    on_record: Callable[[dict[str, Any]], None] = lambda rec: None,
+                    ranks: ddp.Ranks = ddp.SINGLE) -> dict[str, Any]:
     """Train `cfg` for cfg.epochs with rollouts from the queue; writes config.json, metrics.jsonl,
     eval/ and checkpoints/ to `run_dir` as the embedded `solrl.loop.train` does.
+    `ranks`: rank 0 of a torchrun launch (the trainer service under torchrun): each epoch's batch goes to the other
+    ranks, which follow as in the embedded loop (solrl.loop.train with ranks > 0), and every rank trains its share.
     `on_session` receives the RemoteSession once built (the trainer service reads its status); `on_record` each
     metrics.jsonl record as it is written (the trainer service's Prometheus gauges).
 
@@ -247,6 +274,9 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
     whole; metrics.jsonl keeps only the epochs the checkpoint covers (none on a fresh start). The
     adapter it re-pushes is the one the rollout services already hold (accepted as a no-op), as long
     as checkpoint_every is 1; otherwise restart the rollout services too."""
+    if not ranks.is_main:
+        raise ValueError(f"run_distributed runs on rank 0; rank {ranks.rank} follows (solrl.loop.train)")
+    ddp.check_ranks(cfg, ranks.world)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     start, attempt_id = 0, f"{run_id}-a{uuid.uuid4().hex[:8]}"
@@ -259,6 +289,7 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
         start, sess.trainer.global_step, sess.version = state["epoch"], state["global_step"], state["adapter_version"]
         attempt_id = f"{run_id}-r{uuid.uuid4().hex[:8]}"
         log(f"resuming {run_dir} after epoch {start} (adapter version {sess.version}); jobs {attempt_id}-*")
+    sess.trainer.data_parallel(ranks)
     remote = RemoteSession(sess, queue, push_adapter, run_id=attempt_id, rollout_timeout_s=rollout_timeout_s,
                            pickup_timeout_s=pickup_timeout_s)
     remote.status.run_id = run_id

@@ -10,6 +10,14 @@ The environment gives the defaults: SOLRL_REDIS_URL (the queue), SOLRL_QUEUE_NAM
 SOLRL_EXPLORER_ADDRS and SOLRL_REGENERATOR_ADDRS (comma-separated gRPC host:port that adapters are
 pushed to with LoadAdapter), SOLRL_BIND_HOST / SOLRL_GRPC_PORT / SOLRL_HTTP_PORT; the adapter token
 comes only from SOLRL_ADAPTER_TOKEN. The process exits when the run is done (0) or failed (1).
+
+Data-parallel: `torchrun --nproc-per-node K --no-python solrl serve trainer ...` (gloo on CPU, nccl on GPU, each rank
+on cuda:LOCAL_RANK). Rank 0 is the service: it consumes the rollouts, serves gRPC and the ops app, pushes adapters
+and writes the run directory; it broadcasts each epoch's batch and generator state to the other ranks
+(solrl/ddp.py, as the embedded loop under torchrun does), and every rank trains its share of each optimizer step
+under DDP. The other ranks bind no port, open no queue and write nothing: they follow (solrl.loop.train's rank > 0
+path). A rank that dies ends the launch: torchrun stops the others and exits non-zero, and a restart resumes from
+the last checkpoint with any K.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ from services.trainer.args import (  # noqa: F401 (the options live there, light
     ENV_REGENERATOR_ADDRS,
     add_arguments,
 )
+from solrl import ddp
 from solrl.checkpoint import latest_checkpoint
 from solrl.config import ConfigError, RunConfig, resolve_run
 from solrl.dashboard import mount_dashboard
@@ -325,11 +334,32 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None,
         environ: Mapping[str, str] | None = None) -> int:
-    """Serve Status while the driver runs: 0 when the run finishes (or on SIGTERM / SIGINT), 1 if it fails."""
+    """Serve Status while the driver runs: 0 when the run finishes (or on SIGTERM / SIGINT), 1 if it fails.
+    Under torchrun, rank 0 serves and the other ranks follow (module doc)."""
     environ = os.environ if environ is None else environ
     if not args.redis_url:
         raise ValueError(f"--redis-url (or {ENV_REDIS_URL}) is required")
     cfg, run_dir, resume = run_config(args)
+    ddp.check_ranks(cfg, ddp.from_env(environ).world)  # before the process group: every rank refuses alike
+    with ddp.launch(environ) as ranks:
+        if not ranks.is_main:
+            return follow(cfg, run_dir, resume, ranks)
+        return serve(args, cfg, run_dir, resume, stop, environ, ranks)
+
+
+def follow(cfg: RunConfig, run_dir: Path, resume: bool, ranks: ddp.Ranks) -> int:
+    """A data-parallel rank > 0: the embedded loop's follower (solrl.loop.train with ranks > 0): the same session
+    and checkpoint as rank 0, then each epoch's batch from rank 0 and this rank's share of the update."""
+    from solrl.loop import train
+
+    log.info("rank %d of %d: training rank 0's batches (%s)", ranks.rank, ranks.world, run_dir)
+    train(cfg, run_dir, resume=resume, progress=False, log=lambda *_: None, ranks=ranks)
+    return 0
+
+
+def serve(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, resume: bool, stop: threading.Event | None,
+          environ: Mapping[str, str], ranks: ddp.Ranks = ddp.SINGLE) -> int:
+    """Rank 0 (or the only process): the service and the driver."""
     run_id = args.run_id or run_dir.name.replace(":", "-")
     token = environ.get(ENV_ADAPTER_TOKEN) or None
     pusher = AdapterPusher(parse_addrs(args.explorer_addrs, "--explorer-addrs"),
@@ -347,7 +377,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     def info() -> dict[str, Any]:
         st = servicer.remote.status if servicer.remote else None
         return {"service": "trainer", "version": solrl.__version__, "run_id": run_id, "run_dir": str(run_dir),
-                "grpc_port": server.port, "state": servicer.state(), "epochs": cfg.epochs,
+                "grpc_port": server.port, "state": servicer.state(), "epochs": cfg.epochs, "trainer_ranks": ranks.world,
                 "epoch": st.epoch if st else 0, "error": st.error if st else "", "history": st.history if st else []}
 
     app = create_ops_app(metrics=metrics, ready=lambda: not stop.is_set(), info=info)
@@ -369,7 +399,8 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
             summary = run_distributed(cfg, run_dir, queue, counted_push(pusher, training), run_id=run_id,
                             rollout_timeout_s=args.rollout_timeout_s, log=say,
                             on_session=lambda remote: setattr(servicer, "remote", remote),
-                            resume=resume, pickup_timeout_s=args.pickup_timeout_s, on_record=training.observe_epoch)
+                            resume=resume, pickup_timeout_s=args.pickup_timeout_s, on_record=training.observe_epoch,
+                            ranks=ranks)
             before, after = summary["eval_before"], summary["eval_after"]
             held = (f"held-out reward {before:.4f} -> {after:.4f}" if before is not None and after is not None else
                     f"held-out reward {after:.4f}" if after is not None else "no held-out evaluation")
@@ -386,7 +417,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
         server.start()
         http.start()
         print(f"solrl trainer: grpc {server.address}, http {http.host}:{http.port}, run {run_id} -> {run_dir}, "
-              f"{cfg.epochs} epochs", flush=True)
+              f"{cfg.epochs} epochs" + (f", {ranks.world} data-parallel ranks" if ranks.parallel else ""), flush=True)
         # a daemon thread: on a signal the process exits without waiting for the epoch in progress
         threading.Thread(target=drive, name="driver", daemon=True).start()
         while not stop.wait(0.5):

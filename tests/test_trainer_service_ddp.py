@@ -1,0 +1,180 @@
+"""The trainer service under torchrun (`torchrun --nproc-per-node K --no-python solrl serve trainer ...`), CPU gloo
+ranks, a real Redis at 127.0.0.1:6379: K = 2 trains the adapter K = 1 trains on the same rollouts, and a rank that is
+SIGKILLed ends the service with a non-zero status within seconds, leaving no process behind.
+
+The rollouts come from the explorer and regenerator stream workers running in this process (the services' own
+workers and data planes, as tests/test_distributed.py runs them); they take each new adapter from the trainer's
+GET /v1/adapter/current (AdapterFetcher, what a rollout service that starts mid-run does), so the trainer service
+needs no rollout service addresses and the workers start afresh for every run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from test_ddp import ATOL, GRAD_NORM_RTOL, _max_diff
+from test_distributed import REDIS, TINY, model_dir, planes, tiny_cfg  # noqa: F401  (a module-scoped fixture)
+
+from services.common.adapter_reload import AdapterFetcher
+from services.common.workers import explorer_worker, regenerator_worker
+from solrl.queue import QueueConfig, build_queue
+from solrl.telemetry import read_metrics
+
+BIN = Path(sys.executable).parent
+TOKEN = "ddp-service-test-token"
+EPOCHS = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _redis_or_skip():
+    redis = pytest.importorskip("redis")
+    try:
+        redis.Redis.from_url(REDIS).ping()
+    except redis.ConnectionError:
+        pytest.skip("no Redis at 127.0.0.1:6379")
+    return redis.Redis.from_url(REDIS)
+
+
+def trainer_command(ranks: int, model_dir: Path, out: Path, namespace: str, grpc_port: int,  # noqa: F811
+                    http_port: int) -> list[str]:
+    """`solrl serve trainer` for the tiny run, under torchrun when ranks > 1 (the compose / k8s entry's shape)."""
+    serve = ["serve", "trainer", "--preset", "shapes-sol-rl", "--out", str(out), "--redis-url", REDIS,
+             "--namespace", namespace, "--host", "127.0.0.1", "--grpc-port", str(grpc_port), "--http-port",
+             str(http_port), "--rollout-timeout-s", "120", "--pickup-timeout-s", "60"]
+    for o in [*TINY, f"model.path={model_dir}", f"epochs={EPOCHS}", "threads=1"]:
+        serve += ["--set", o]
+    if ranks == 1:
+        return [str(BIN / "solrl"), *serve]
+    return [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={ranks}", "--no-python", str(BIN / "solrl"),
+            *serve]
+
+
+class ServiceRun:
+    """One trainer service process (K ranks) with fresh in-process explorer / regenerator workers on its own
+    queue namespace."""
+
+    def __init__(self, ranks: int, model_dir: Path, out: Path) -> None:  # noqa: F811
+        self.redis = _redis_or_skip()
+        self.namespace = f"solrl-test-ddpsvc-{uuid.uuid4().hex[:10]}"
+        self.queue = build_queue(REDIS, QueueConfig(namespace=self.namespace, claim_idle_ms=300))
+        grpc_port, http_port = _free_port(), _free_port()
+        self.explorer, self.regenerator = planes(tiny_cfg(model_dir, EPOCHS))
+        for plane in (self.explorer, self.regenerator):
+            plane.hot.fetcher = AdapterFetcher(f"http://127.0.0.1:{http_port}", TOKEN, plane.hot)
+        self.workers = [explorer_worker(self.queue, self.explorer, block_ms=100),
+                        regenerator_worker(self.queue, self.regenerator, block_ms=100)]
+        self.out, self.log = out, out.parent / f"{out.name}.log"
+        self.cmd = trainer_command(ranks, model_dir, out, self.namespace, grpc_port, http_port)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        for w in self.workers:
+            w.start()
+        self.t0 = time.monotonic()
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.out.parent,
+                                         env={**os.environ, "SOLRL_ADAPTER_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"})
+
+    def wait(self, timeout: float) -> int:
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            pytest.fail(f"the trainer service still runs after {timeout} s: {self.text()[-3000:]}")
+        self.wall_s = time.monotonic() - self.t0
+        return rc
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        for w in self.workers:
+            w.stop()
+        self.queue.close()
+        keys = list(self.redis.scan_iter(f"{self.namespace}:*"))
+        if keys:
+            self.redis.delete(*keys)
+
+
+def _run_to_end(ranks: int, model_dir: Path, out: Path) -> ServiceRun:  # noqa: F811
+    run = ServiceRun(ranks, model_dir, out)
+    try:
+        run.start()
+        rc = run.wait(240)
+        assert rc == 0, run.text()[-3000:]
+    finally:
+        run.close()
+    return run
+
+
+def test_two_rank_service_trains_the_one_rank_adapter_on_the_same_rollouts(model_dir, tmp_path):  # noqa: F811
+    one = _run_to_end(1, model_dir, tmp_path / "k1")
+    two = _run_to_end(2, model_dir, tmp_path / "k2")
+    assert "2 data-parallel ranks" in two.text() and "data-parallel" not in one.text()
+    for f in ("checkpoints/epoch_0001/adapters.safetensors", "checkpoints/epoch_0002/adapters.safetensors",
+              "adapter_ema.safetensors"):
+        assert _max_diff(one.out / f, two.out / f) < ATOL, f   # tests/test_ddp.py says why 1e-5
+    m1, m2 = read_metrics(one.out / "metrics.jsonl"), read_metrics(two.out / "metrics.jsonl")
+    assert [r["epoch"] for r in m2] == [0, 1, 2]   # rank 0 alone writes: each epoch once
+    # epoch 1: the base model's rollouts, bit for bit; epoch 2: sampled with adapters equal to ~1e-7
+    assert m2[1]["rollout.reward_mean"] == m1[1]["rollout.reward_mean"]
+    assert m2[2]["rollout.reward_mean"] == pytest.approx(m1[2]["rollout.reward_mean"], abs=1e-4)
+    for r1, r2 in zip(m1[1:], m2[1:], strict=True):
+        assert r2["train.timestep_evals"] == r1["train.timestep_evals"]   # every row trained once, on some rank
+        assert r2["train.grad_norm"] == pytest.approx(r1["train.grad_norm"], rel=GRAD_NORM_RTOL)
+    # the rollouts each run consumed: 2 prompts x 2 epochs through each worker
+    assert [w.processed for w in one.workers] == [w.processed for w in two.workers] == [4, 4]
+    print(f"\ntrainer service wall: 1 rank {one.wall_s:.1f} s, 2 ranks {two.wall_s:.1f} s; train per epoch: "
+          f"1 rank {[round(r['time_train_s'], 2) for r in m1[1:]]}, 2 ranks {[round(r['time_train_s'], 2) for r in m2[1:]]}")
+
+
+def _rank_process(launcher: psutil.Process, rank: int) -> psutil.Process:
+    for child in launcher.children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank) and "TORCHELASTIC_RUN_ID" in child.environ():
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise AssertionError(f"no rank {rank} under torchrun {launcher.pid}")
+
+
+def test_a_killed_rank_ends_the_service_non_zero_without_a_hang(model_dir, tmp_path):  # noqa: F811
+    run = ServiceRun(2, model_dir, tmp_path / "killed")
+    try:
+        run.start()
+        launcher = psutil.Process(run.proc.pid)
+        deadline = time.monotonic() + 180
+        while not (run.out / "checkpoints" / "latest").exists():   # epoch 1 done: rank 1 waits for epoch 2's batch
+            assert run.proc.poll() is None, run.text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint after 180 s"
+            time.sleep(0.2)
+        victim = _rank_process(launcher, 1)
+        family = [launcher, *launcher.children(recursive=True)]
+        victim.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        rc = run.wait(60)
+        ended = time.monotonic() - killed
+    finally:
+        run.close()
+    assert rc != 0, run.text()[-3000:]
+    assert ended < 30, f"{ended:.1f} s from the kill to the service's exit"
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in family)   # no rank left behind
+    assert (run.out / "checkpoints" / "latest").read_text().strip() == "epoch_0001"
+    assert not (run.out / "checkpoints" / "epoch_0002").exists()
+    print(f"\nrank 1 SIGKILLed: the service exited {rc} after {ended:.2f} s")
