@@ -25,14 +25,22 @@ from torch import nn
 
 from solrl.algo import select
 from solrl.models.base import Cond, T2IModel
-from solrl.sampling import cfg_velocity, flow_sigmas, noise_for_seeds, sample
+from solrl.sampling import SeedNoise, cfg_velocity, flow_sigmas, noise_for_seeds, sample
 
 
 @dataclass(frozen=True)
 class SamplerSpec:
+    """solver "euler" | "dpm2" (deterministic ODEs) or "sde" (FlowGRPO's SDE at noise level `eta`, which
+    records every step: the rollouts flow_grpo trains on)."""
+
     solver: str = "euler"
     shift: float = 1.0
     guidance: float = 1.0
+    eta: float = 0.0          # the SDE's noise level (solver "sde" only; > 0 there)
+
+    def __post_init__(self) -> None:
+        if self.solver == "sde" and not self.eta > 0:
+            raise ValueError(f"SamplerSpec: solver 'sde' needs eta > 0, got {self.eta!r}")
 
 
 @dataclass
@@ -40,6 +48,9 @@ class Generated:
     x0: torch.Tensor          # [B, C, H, W] final latents
     images: np.ndarray        # uint8 [B, H, W, 3]
     forwards: int             # image-level denoiser evaluations
+    # solver "sde" only: the states x_T .. x0 [B, S+1, C, H, W] and each transition's log-prob [B, S]
+    trajectory: torch.Tensor | None = None
+    log_probs: torch.Tensor | None = None
 
 
 class PromptCache:
@@ -61,7 +72,9 @@ class PromptCache:
 
 def generate(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds: list[int], steps: int,
              sampler: SamplerSpec, micro_batch: int = 64, cache: PromptCache | None = None) -> Generated:
-    """Sample one image per (prompt, seed). Noise is a pure function of the seed."""
+    """Sample one image per (prompt, seed). Noise is a pure function of the seed: the initial noise, and with
+    the SDE each step's noise too (`SeedNoise`: the seed's generator goes on drawing), so a seed's trajectory
+    does not depend on what shares its batch."""
     if len(prompts) != len(seeds):
         raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seeds")
     if steps <= 0 or micro_batch <= 0:
@@ -69,7 +82,8 @@ def generate(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds:
     cache = cache or PromptCache(model)
     sigmas = flow_sigmas(steps, sampler.shift)
     noise = noise_for_seeds(seeds, model.spec.latent_shape)
-    outs, forwards = [], 0
+    sde = sampler.solver == "sde"
+    outs, trajs, lps, forwards = [], [], [], 0
     with torch.no_grad():
         for i in range(0, len(seeds), micro_batch):
             sl = slice(i, i + micro_batch)
@@ -78,11 +92,22 @@ def generate(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds:
             if sampler.guidance != 1.0:
                 vfn = cfg_velocity(vfn, model.velocity_fn(transformer, model.encode_uncond(len(cond))),
                                    sampler.guidance)
-            res = sample(vfn, noise[sl], sigmas, sampler.solver)
+            if sde:
+                streams = SeedNoise(seeds[sl], model.spec.latent_shape)
+                res = sample(vfn, streams.initial(), sigmas, "sde", return_trajectory=True, eta=sampler.eta,
+                             step_noise=streams.step)
+                trajs.append(res.trajectory)
+                lps.append(res.log_probs)
+            else:
+                res = sample(vfn, noise[sl], sigmas, sampler.solver)
             outs.append(res.x0)
             forwards += res.nfe * len(cond) * (2 if sampler.guidance != 1.0 else 1)
     x0 = torch.cat(outs) if outs else noise[:0]
-    return Generated(x0, model.decode(x0), forwards)
+    if not sde:
+        return Generated(x0, model.decode(x0), forwards)
+    traj = torch.cat(trajs) if trajs else torch.zeros(0, steps + 1, *noise.shape[1:])
+    lp = torch.cat(lps) if lps else torch.zeros(0, steps)
+    return Generated(x0, model.decode(x0), forwards, traj, lp)
 
 
 def generate_by_prompt(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds: list[list[int]],
@@ -97,8 +122,10 @@ def generate_by_prompt(model: T2IModel, transformer: nn.Module, prompts: list[st
              for p, pool in zip(prompts, seeds) if len(pool)]
     if not parts:
         return generate(model, transformer, [], [], steps, sampler, micro_batch, cache)
+    sde = parts[0].trajectory is not None
     return Generated(torch.cat([g.x0 for g in parts]), np.concatenate([g.images for g in parts]),
-                     sum(g.forwards for g in parts))
+                     sum(g.forwards for g in parts), torch.cat([g.trajectory for g in parts]) if sde else None,
+                     torch.cat([g.log_probs for g in parts]) if sde else None)
 
 
 @dataclass
@@ -141,11 +168,14 @@ class RegenResult:
     images: np.ndarray              # [P*k, H, W, 3]
     rewards: np.ndarray             # [P*k]
     forwards: int
+    trajectory: torch.Tensor | None = None  # [P*k, S+1, C, H, W] (solver "sde": flow_grpo's rollouts)
+    log_probs: torch.Tensor | None = None   # [P*k, S]
 
 
 def regenerate(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds: list[list[int]], steps: int,
                sampler: SamplerSpec, scorer, micro_batch: int = 64, cache: PromptCache | None = None) -> RegenResult:
-    """Re-sample the kept seeds at full steps (same noise as exploration); these are the training data."""
+    """Re-sample the kept seeds at full steps (same initial noise as exploration); these are the training data.
+    With the SDE (flow_grpo) the result also holds each rollout's trajectory and per-step log-probs."""
     if len(prompts) != len(seeds):
         raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seed lists")
     flat_p = [p for p, ks in zip(prompts, seeds) for _ in ks]
@@ -153,4 +183,5 @@ def regenerate(model: T2IModel, transformer: nn.Module, prompts: list[str], seed
     group = [i for i, ks in enumerate(seeds) for _ in ks]
     gen = generate_by_prompt(model, transformer, prompts, seeds, steps, sampler, micro_batch, cache)
     rewards = np.asarray(scorer(gen.images, flat_p), dtype=np.float32)
-    return RegenResult(flat_p, flat_s, group, gen.x0, gen.images, rewards, gen.forwards)
+    return RegenResult(flat_p, flat_s, group, gen.x0, gen.images, rewards, gen.forwards, gen.trajectory,
+                       gen.log_probs)

@@ -60,11 +60,14 @@ def sample(
     eta: float = 0.7,
     generator: torch.Generator | None = None,
     reduction: Literal["mean", "sum"] = "mean",
+    step_noise: Callable[[], Tensor] | None = None,
 ) -> SampleResult:
     """Integrate from x_T at sigmas[0] to sigmas[-1]; one velocity_fn call per step for every solver.
 
     "euler" and "dpm2" solve the deterministic ODE; "sde" is the FlowGRPO SDE (noise level `eta`,
-    noise from `generator`) and records per-step log-probs (`reduction` over non-batch dims).
+    noise from `generator`, or, given `step_noise`, one call of it per step: e.g. `SeedNoise.step`, each seed's
+    own stream, which makes the trajectory of a seed independent of its batch) and records per-step log-probs
+    (`reduction` over non-batch dims).
     velocity_fn gets the state in x_T's dtype and t_B as float32 [B]. Gradients are not disabled
     here: wrap the call in `torch.no_grad()` for rollouts.
     """
@@ -74,6 +77,8 @@ def sample(
         raise ValueError("x_T must be a Tensor [B, ...] with at least one non-batch dim")
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    if step_noise is not None and (solver != "sde" or generator is not None):
+        raise ValueError("step_noise is the SDE's noise source: only with solver 'sde' and without generator")
     grid = _sigma_grid(sigmas)
     batch = x_T.shape[0]
     x = x_T
@@ -93,7 +98,8 @@ def sample(
         elif solver == "dpm2":
             x, history = dpm2_step(v, x, s, s_next, history)
         else:
-            step = sde_step_with_logprob(v, x, s, s_next, eta, generator=generator, reduction=reduction)
+            step = sde_step_with_logprob(v, x, s, s_next, eta, generator=generator, reduction=reduction,
+                                         noise=step_noise() if step_noise is not None else None)
             x = step.x_next
             log_probs.append(step.log_prob)
         if states is not None:

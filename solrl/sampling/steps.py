@@ -119,12 +119,16 @@ def dpm2_step(
 
 
 class SDEStep(NamedTuple):
-    """Result of one stochastic step: the sample, its log-prob [B], and the Gaussian it came from."""
+    """Result of one stochastic step: the sample, its log-prob [B], and the Gaussian it came from.
+
+    `std` is the transition's standard deviation g * sqrt(-dt); `noise_scale` is g = eta * sqrt(s / (1 - s))
+    alone (the reference's `std_dev_t`, which its KL term divides by), both shaped to broadcast against x."""
 
     x_next: Tensor
     log_prob: Tensor
     mean: Tensor
     std: Tensor
+    noise_scale: Tensor
 
 
 def sde_step_with_logprob(
@@ -136,6 +140,7 @@ def sde_step_with_logprob(
     generator: torch.Generator | None = None,
     prev_sample: Tensor | None = None,
     reduction: Literal["mean", "sum"] = "mean",
+    noise: Tensor | None = None,
 ) -> SDEStep:
     """FlowGRPO SDE step: x_next ~ N(mean, std^2) with the log-prob of the transition.
 
@@ -144,7 +149,9 @@ def sde_step_with_logprob(
     `sigmas[1]` guard on the first step), dt = s_next - s < 0,
     mean = x (1 + g^2 dt / (2 s)) + v (1 + g^2 (1 - s) / (2 s)) dt, and transition std = g sqrt(-dt)
     (returned as `std`, shaped to broadcast against x).
-    With `prev_sample` the log-prob of that sample is returned instead of drawing one. A drawn
+    With `prev_sample` the log-prob of that sample is returned instead of drawing one; with `noise` (a
+    standard-normal tensor shaped like x, e.g. a seed's own stream, `SeedNoise.step`) that noise is used
+    instead of drawing from `generator`. A drawn
     sample is first rounded to x's dtype and its log-prob taken after rounding, so recomputing it
     later from the stored trajectory gives the same number.
     `reduction` over non-batch dims: "mean" as the reference does (the scale its PPO clip range of
@@ -157,8 +164,10 @@ def sde_step_with_logprob(
         raise ValueError(f"eta must be a finite float > 0, got {eta!r}")
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
-    if generator is not None and prev_sample is not None:
-        raise ValueError("pass either generator or prev_sample, not both")
+    if sum(a is not None for a in (generator, prev_sample, noise)) > 1:
+        raise ValueError("pass at most one of generator, prev_sample and noise, not both or all")
+    if noise is not None:
+        _check_same_shape("noise", noise, x)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     dtype = _compute_dtype(x)
@@ -171,8 +180,10 @@ def sde_step_with_logprob(
     mean = x_c * (1.0 + g**2 / (2.0 * s_c) * dt) + v_c * (1.0 + g**2 * (1.0 - s_c) / (2.0 * s_c)) * dt
     std = g * torch.sqrt(-dt)
     if prev_sample is None:
-        noise_device = generator.device if generator is not None else x.device
-        noise = torch.randn(x.shape, generator=generator, device=noise_device, dtype=dtype).to(x.device)
+        if noise is None:
+            noise_device = generator.device if generator is not None else x.device
+            noise = torch.randn(x.shape, generator=generator, device=noise_device, dtype=dtype).to(x.device)
+        noise = noise.to(device=x.device, dtype=dtype)
         x_next = (mean.detach() + std * noise).to(x.dtype)
     else:
         _check_same_shape("prev_sample", prev_sample, x)
@@ -181,4 +192,4 @@ def sde_step_with_logprob(
     log_prob = -((target - mean) ** 2) / (2.0 * std**2) - torch.log(std) - 0.5 * math.log(2.0 * math.pi)
     dims = tuple(range(1, x.ndim))
     log_prob = log_prob.mean(dim=dims) if reduction == "mean" else log_prob.sum(dim=dims)
-    return SDEStep(x_next=x_next, log_prob=log_prob, mean=mean, std=std)
+    return SDEStep(x_next=x_next, log_prob=log_prob, mean=mean, std=std, noise_scale=g)
