@@ -38,3 +38,34 @@ def compute_advantages(
     counts = torch.bincount(group_index, minlength=len(index_of)).to(torch.float64)
     group_mean = (sums / counts)[group_index]
     return (rewards - group_mean) / (rewards.std(correction=0) + eps)
+
+
+def threshold_groups(
+    advantages_N: Tensor,
+    rewards_N: Sequence[float] | Tensor,
+    group_ids_N: Sequence[Hashable] | Tensor,
+    threshold: float | None,
+) -> tuple[Tensor, int]:
+    """Zero the advantages of every group whose mean reward is below `threshold` (None: unchanged).
+
+    The reward-threshold filter of the MMDanceGRPO design (shared/seeds, `_compute_grpo_advantages`: a group
+    whose mean reward is below `reward_threshold` gets all-zero advantages, "filter low-quality samples").
+    Returns the advantages and how many groups were zeroed."""
+    if threshold is None:
+        return advantages_N, 0
+    if not math.isfinite(threshold):
+        raise ValueError(f"threshold must be a finite float or None, got {threshold!r}")
+    rewards = torch.as_tensor(rewards_N.detach().cpu() if isinstance(rewards_N, Tensor) else rewards_N,
+                              dtype=torch.float64)
+    groups = group_ids_N.detach().cpu().tolist() if isinstance(group_ids_N, Tensor) else list(group_ids_N)
+    if rewards.shape != advantages_N.shape or len(groups) != rewards.numel():
+        raise ValueError(f"advantages_N, rewards_N and group_ids_N must have one entry per sample, got "
+                         f"{tuple(advantages_N.shape)}, {tuple(rewards.shape)} and {len(groups)}")
+    members: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    low = [idx for idx in members.values() if float(rewards[idx].mean()) < threshold]
+    out = advantages_N.clone()
+    for idx in low:
+        out[idx] = 0.0
+    return out, len(low)
