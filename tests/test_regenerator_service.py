@@ -156,6 +156,25 @@ def test_regenerate_rpc_gives_the_core_result(world, served):
     torch.testing.assert_close(tensor_to_torch(everything.rollouts[3].x0), alone.x0[0], rtol=0, atol=1e-5)
 
 
+def test_regenerate_with_the_sde_sends_trajectories_and_log_probs(world, served):
+    """flow_grpo: SamplerSpec.sde_eta > 0 regenerates the kept seeds with the SDE (seeded per seed), and each
+    Rollout carries the trajectory and per-step log-probs the core's SDE regeneration gives; an ODE request has
+    none."""
+    kept = [SEEDS[i] for i in KEPT]
+    response = served.regenerate(sampler=common_pb2.SamplerSpec(steps=2, sde_eta=0.7))
+    ref = regenerate(world.model, world.refs[0], [PROMPT], [kept], 2,
+                     SamplerSpec("sde", world.model.spec.default_shift, 1.0, 0.7), world.scorer)
+    assert [r.seed for r in response.rollouts] == kept
+    for j, rollout in enumerate(response.rollouts):
+        traj, lp = tensor_to_torch(rollout.trajectory, "trajectory"), tensor_to_torch(rollout.log_probs, "log_probs")
+        assert traj.shape == (3, *world.model.spec.latent_shape) and lp.shape == (2,) and rollout.sde_eta == 0.7
+        assert torch.equal(traj, ref.trajectory[j]) and torch.equal(lp, ref.log_probs[j])
+        assert torch.equal(tensor_to_torch(rollout.x0, "x0"), traj[-1])
+    ode = served.regenerate()
+    assert not ode.rollouts[0].HasField("trajectory") and not ode.rollouts[0].HasField("log_probs")
+    assert not torch.equal(tensor_to_torch(ode.rollouts[0].x0, "x0"), ref.x0[0])  # the SDE sample is another one
+
+
 def test_pushed_adapters_serve_exactly_what_the_trainer_computes(world, served):
     r = served.push(world.payloads[1], 1)
     assert r.status_code == 200, r.text
@@ -217,6 +236,7 @@ def test_health_and_info(world, served):
     ({"proxy_scores": [0.5]}, "selection.proxy_scores"),
     ({"sampler": common_pb2.SamplerSpec(steps=-2)}, "selection.sampler.steps"),
     ({"sampler": common_pb2.SamplerSpec(solver="heun")}, "selection.sampler.solver"),
+    ({"sampler": common_pb2.SamplerSpec(sde_eta=-0.5)}, "selection.sampler.sde_eta"),
 ])
 def test_bad_regenerate_input_is_invalid_argument_naming_the_field(served, selection, field):
     with pytest.raises(grpc.RpcError) as info:

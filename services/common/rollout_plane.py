@@ -16,7 +16,7 @@ from services.common.adapter_reload import HotSwapModel, serving_precision
 from services.common.env import ENV_REWARD_ADDR  # noqa: F401 (re-exported for callers of this module)
 from services.common.errors import NotFoundError, UnavailableError
 from services.common.grpc_server import MAX_GRPC_MESSAGE_SIZE
-from services.common.tensors import numpy_to_tensor
+from services.common.tensors import numpy_to_tensor, torch_to_tensor
 from solrl.adapters import LoraSpec
 from solrl.models.base import T2IModel
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
@@ -25,7 +25,7 @@ from solrl.rewards import Scorer, build_reward
 from solrl.rollout import PromptCache, SamplerSpec
 from solrl.sampling.noise import SEED_LIMIT
 
-ODE_SOLVERS = ("euler", "dpm2")  # rollouts are deterministic ODE samples (the SDE needs a noise stream)
+ODE_SOLVERS = ("euler", "dpm2")  # what a request names; the SDE is asked for with SamplerSpec.sde_eta > 0
 
 
 class RemoteScorer:
@@ -74,8 +74,10 @@ def build_scorer(reward: str, address: str | None = None) -> Scorer:
 
 
 def resolve_sampler(default: SamplerSpec, solver: str = "", shift: float = 0.0, guidance: float = 0.0,
-                    field: str = "sampler") -> SamplerSpec:
-    """A request's sampler: empty / zero values take `default`'s (as solrl.common.v1.SamplerSpec says)."""
+                    field: str = "sampler", sde_eta: float = 0.0) -> SamplerSpec:
+    """A request's sampler: empty / zero values take `default`'s (as solrl.common.v1.SamplerSpec says).
+    sde_eta > 0 (the regenerator of a flow_grpo run): the SDE at that noise level, which records every step;
+    `solver` must still name an ODE solver (the explorer's)."""
     solver = solver or default.solver
     if solver not in ODE_SOLVERS:
         raise ValueError(f"{field}.solver must be one of {ODE_SOLVERS} (or empty for the default), got {solver!r}")
@@ -85,7 +87,21 @@ def resolve_sampler(default: SamplerSpec, solver: str = "", shift: float = 0.0, 
     guidance = float(guidance) or default.guidance
     if not math.isfinite(guidance) or guidance < 1.0:
         raise ValueError(f"{field}.guidance must be finite and >= 1 (or 0 for the default), got {guidance}")
+    sde_eta = float(sde_eta)
+    if not math.isfinite(sde_eta) or sde_eta < 0:
+        raise ValueError(f"{field}.sde_eta must be finite and >= 0 (0: no SDE), got {sde_eta}")
+    if sde_eta > 0:
+        return SamplerSpec("sde", shift, guidance, sde_eta)
     return SamplerSpec(solver, shift, guidance)
+
+
+def sde_rollout_fields(outcome: Any, j: int, sampler: SamplerSpec) -> dict[str, Any]:
+    """The common.v1.Rollout fields of the j-th seed of a regeneration `outcome` sampled with the SDE
+    (trajectory, log_probs, sde_eta), {} for an ODE regeneration."""
+    if outcome.trajectory is None:
+        return {}
+    return {"trajectory": torch_to_tensor(outcome.trajectory[j]), "log_probs": torch_to_tensor(outcome.log_probs[j]),
+            "sde_eta": sampler.eta}
 
 
 def check_int(value: Any, field: str, low: int, high: int) -> int:

@@ -22,7 +22,7 @@ from services.common.args import (  # noqa: F401 (re-exported: the options and n
     add_consumer_arguments,
 )
 from services.common.env import ENV_QUEUE_NAMESPACE, ENV_REDIS_URL  # noqa: F401 (re-exported)
-from services.common.rollout_plane import resolve_sampler
+from services.common.rollout_plane import resolve_sampler, sde_rollout_fields
 from services.common.tensors import torch_to_tensor
 from services.explorer.dataplane import JOB_FIELDS, ExplorerDataPlane
 from services.regenerator.dataplane import RegeneratorDataPlane
@@ -154,7 +154,7 @@ def regenerate_handler(plane: RegeneratorDataPlane) -> Callable[[bytes], Results
         if len(sel.proxy_scores) != len(sel.seeds):
             raise ValueError(f"selection.proxy_scores: {len(sel.proxy_scores)} scores for {len(sel.seeds)} seeds")
         sampler = resolve_sampler(plane.sampler, sel.sampler.solver, sel.sampler.shift, sel.sampler.guidance,
-                                  field="selection.sampler")
+                                  field="selection.sampler", sde_eta=sel.sampler.sde_eta)
         out = plane.regenerate(sel.prompt, [sel.seeds[i] for i in kept], steps=sel.sampler.steps or None,
                                sampler=sampler, min_version=sel.adapter_version.version,
                                fields={"prompt": "selection.prompt", "seeds": "selection.seeds",
@@ -164,7 +164,8 @@ def regenerate_handler(plane: RegeneratorDataPlane) -> Callable[[bytes], Results
         return [(rollout_key(sel.job_id, j),
                  common_pb2.Rollout(job_id=sel.job_id, prompt=sel.prompt, seed=seed, x0=torch_to_tensor(x0),
                                     reward=float(reward), proxy_reward=sel.proxy_scores[i],
-                                    adapter_version=version, proxy=sel.proxy).SerializeToString())
+                                    adapter_version=version, proxy=sel.proxy,
+                                    **sde_rollout_fields(out, j, sampler)).SerializeToString())
                 for j, (i, seed, x0, reward) in enumerate(zip(kept, out.seeds, out.x0, out.rewards))]
 
     return handle

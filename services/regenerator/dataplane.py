@@ -38,6 +38,9 @@ class RegenerateOutcome:
     version: int              # adapter version sampled with
     sha256: str
     forwards: int
+    # sampler.solver "sde" (flow_grpo) only: [K, S+1, C, H, W] states x_T .. x0 and [K, S] step log-probs
+    trajectory: torch.Tensor | None = None
+    log_probs: torch.Tensor | None = None
 
 
 class RegeneratorDataPlane(RolloutPlane):
@@ -63,7 +66,8 @@ class RegeneratorDataPlane(RolloutPlane):
                    sampler: SamplerSpec | None = None, min_version: int = 0,
                    fields: Mapping[str, str] = FIELDS) -> RegenerateOutcome:
         """Sample `seeds` for `prompt` at full steps and score them. Errors name the request field
-        (`fields` maps argument names to the caller's field names)."""
+        (`fields` maps argument names to the caller's field names). With the SDE sampler (solver "sde",
+        flow_grpo's rollouts) the outcome also holds each seed's trajectory and per-step log-probs."""
         f = {**FIELDS, **fields}
         prompt = check_prompts(self.cache, [prompt], f["prompt"])[0]
         seeds = check_seeds(seeds, f["seeds"], self.max_seeds)
@@ -72,6 +76,8 @@ class RegeneratorDataPlane(RolloutPlane):
         serving = self.hot.acquire(min_version, self.version_wait_s)  # this call's copy, whatever is pushed later
         result = regenerate(self.model, serving.module, [prompt], [seeds], steps,
                             self.sampler if sampler is None else sampler, self.scorer, self.micro_batch, self.cache)
+        sde = result.trajectory is not None
         return RegenerateOutcome(result.seeds, result.x0.detach().float().cpu(), result.images,
                                  np.asarray(result.rewards, dtype=np.float32), serving.version, serving.sha256,
-                                 result.forwards)
+                                 result.forwards, result.trajectory.detach().float().cpu() if sde else None,
+                                 result.log_probs.detach().float().cpu() if sde else None)

@@ -28,7 +28,7 @@ from services.common.grpc_server import (
 )
 from services.common.lifecycle import run_main
 from services.common.metrics import ServiceMetrics
-from services.common.rollout_plane import resolve_sampler
+from services.common.rollout_plane import resolve_sampler, sde_rollout_fields
 from services.common.rollout_shell import RolloutService, run_rollout_role, serve
 from services.common.tensors import numpy_to_tensor, torch_to_tensor
 from services.regenerator.args import (  # noqa: F401 (the options live there, light; re-exported here)
@@ -64,14 +64,15 @@ class RegeneratorServicer(regenerator_pb2_grpc.RegeneratorServicer):
                 raise ValueError(f"selection.kept_indices[{j}]: {i} is not an index into selection.seeds "
                                  f"({len(sel.seeds)} seeds)")
         sampler = resolve_sampler(self.plane.sampler, sel.sampler.solver, sel.sampler.shift, sel.sampler.guidance,
-                                  field="selection.sampler")
+                                  field="selection.sampler", sde_eta=sel.sampler.sde_eta)
         out = self.plane.regenerate(sel.prompt, [sel.seeds[i] for i in kept], steps=sel.sampler.steps or None,
                                     sampler=sampler, min_version=sel.adapter_version.version, fields=FIELDS)
         version = common_pb2.AdapterVersion(version=out.version, sha256=out.sha256)
         rollouts = [common_pb2.Rollout(job_id=sel.job_id, prompt=sel.prompt, seed=seed, x0=torch_to_tensor(x0),
                                        reward=float(reward), adapter_version=version,
-                                       proxy_reward=sel.proxy_scores[i] if sel.proxy_scores else 0.0)
-                    for i, seed, x0, reward in zip(kept, out.seeds, out.x0, out.rewards)]
+                                       proxy_reward=sel.proxy_scores[i] if sel.proxy_scores else 0.0,
+                                       **sde_rollout_fields(out, j, sampler))
+                    for j, (i, seed, x0, reward) in enumerate(zip(kept, out.seeds, out.x0, out.rewards))]
         response = regenerator_pb2.RegenerateResponse(rollouts=rollouts)
         if request.return_images:
             response.images.CopyFrom(numpy_to_tensor(out.images))
