@@ -615,15 +615,22 @@ class Layout:
                 f"{self.trainer_ranks}, reward {self.reward}" + (f", {self.unused} unused" if self.unused else ""))
 
 
+COLOCATED_SERVICES = "as services, a process per role (busiest GPU)"
+
+
 def colocated(st: dict[str, Stage], cal: Calibration, mem: MemoryModel, gpus: int, hbm_gb: float,
               max_ranks: int) -> Layout:
     ranks = min(gpus, max_ranks)
     t = {k: s.seconds(cal, gpus if k != "train" else ranks) for k, s in st.items()}
     rollout = t.get("explore", 0.0) + t.get("regenerate", 0.0)
     used = mem.role("colocated")
+    # as services (docker-compose.colocated.yml): a process per role on each GPU, each with its own weights, and the
+    # reward service on one of them
+    roles = ("explorer",) * ("explore" in st) + ("regenerator",) * ("regenerate" in st) + ("trainer", "reward")
     return Layout("colocated", gpus, gpus if "explore" in st else 0, gpus if "regenerate" in st else 0, ranks, gpus,
                   {**t, "rollout": rollout}, rollout + t["train"], rollout + t["train"],
-                  {"colocated, each GPU": used}, used <= hbm_gb * USABLE_HBM)
+                  {"colocated, each GPU": used, COLOCATED_SERVICES: sum(mem.role(r) for r in roles)},
+                  used <= hbm_gb * USABLE_HBM)
 
 
 def disaggregated(st: dict[str, Stage], cal: Calibration, mem: MemoryModel, explorers: int, regenerators: int,
@@ -783,6 +790,14 @@ def make_plan(cfg: RunConfig, preset: str, gpu_kind: str, gpus: int, *, layout: 
         mb = mem.max_train_micro_batch(hbm, colocated=True)
         notes.append(f"colocated does not fit: {colo.memory_gb['colocated, each GPU']:.0f} GB per GPU, "
                      f"{hbm * USABLE_HBM:.0f} usable" + (f" (it would with --set train.micro_batch={mb})" if mb else ""))
+    if colo is not None and colo.fits and colo.memory_gb[COLOCATED_SERVICES] > hbm * USABLE_HBM:
+        per = mem.train_activations_per_sample
+        mb = int((hbm * USABLE_HBM - colo.memory_gb[COLOCATED_SERVICES] + mem.train_micro_batch * per) // per)
+        notes.append(f"colocated as services (docker-compose.colocated.yml: a process per role, each with its own "
+                     f"weights) needs {colo.memory_gb[COLOCATED_SERVICES]:.0f} GB on the reward's GPU, "
+                     f"{hbm * USABLE_HBM:.0f} usable: run it with --set train.micro_batch={mb}" if mb >= 1 else
+                     "colocated as services (a process per role) does not fit even at train.micro_batch=1: it "
+                     "needs one process holding every role, as the paper")
     if dis and best_dis is None:
         notes.append("no disaggregated split fits in memory: " + _roles_text(dis[0].memory_gb, hbm))
     if colo is not None and colo.trainer_ranks < gpus:
@@ -899,51 +914,25 @@ def format_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
-def _gpu_ids(start: int, n: int) -> str:
-    return ",".join(str(i) for i in range(start, start + n))
+def emit(p: Plan, kind: str, sets: list[str] | tuple[str, ...] = ()) -> str:
+    """The chosen layout as the deployment files run it (solrl/layouts.py): `compose`, a whole docker-compose file
+    (docker-compose.yml and docker-compose.colocated.yml are this output for the shipped preset), or `kustomize`, a
+    Component an overlay lists (k8s/overlays/b200/plan). `sets`: the plan's --set overrides, which become the
+    file's default SOLRL_SET."""
+    from solrl import layouts
 
-
-def emit(p: Plan, kind: str) -> str:
-    """The chosen layout's values: `compose` (an env file) or `kustomize` (a kustomization fragment)."""
-    x = p.best
-    head = (f"# solrl plan: {p.recipe.model} ({p.recipe.preset}) on {p.gpus}x {GPUS[p.gpu].name}: {x.label}; "
-            f"predicted epoch {seconds_text(x.epoch_s)} s")
     if kind == "compose":
-        if x.kind == "colocated":
-            ids = _gpu_ids(0, x.gpus)
-            env = {"LAYOUT": "colocated", "EXPLORERS": x.explorers, "EXPLORER_GPUS": ids if x.explorers else "",
-                   "REGENERATORS": x.regenerators, "REGENERATOR_GPUS": ids if x.regenerators else "",
-                   "TRAINER_RANKS": x.trainer_ranks, "TRAINER_GPUS": _gpu_ids(0, x.trainer_ranks),
-                   "REWARD_GPUS": ids}
-            note = "# every role on every GPU: one explorer and one regenerator replica per GPU, torchrun over all"
-        else:
-            e, r, t = x.explorers, x.regenerators, x.trainer_ranks
-            env = {"LAYOUT": "disaggregated", "EXPLORERS": e, "EXPLORER_GPUS": _gpu_ids(0, e), "REGENERATORS": r,
-                   "REGENERATOR_GPUS": _gpu_ids(e, r), "TRAINER_RANKS": t, "TRAINER_GPUS": _gpu_ids(e + r, t),
-                   "REWARD_GPUS": str(e + r + t)}
-            note = "# one GPU per replica (compose device_ids); the trainer runs torchrun over TRAINER_GPUS"
-        lines = [head, note, *(f"SOLRL_PLAN_{k}={v}" for k, v in env.items())]
-        lines.append("SOLRL_EXPLORER_ADDRS=" + ",".join(f"explorer-{i}:8011" for i in range(x.explorers)))
-        lines.append("SOLRL_REGENERATOR_ADDRS=" + ",".join(f"regenerator-{i}:8021" for i in range(x.regenerators)))
-        return "\n".join(lines) + "\n"
+        return layouts.compose(p, list(sets))
     if kind == "kustomize":
-        lines = [head, "# merge into an overlay's kustomization.yaml (k8s/overlays/b200 sets its replicas the same way)"]
-        if x.kind == "colocated":
-            lines.append("# colocated: Kubernetes gives a pod whole GPUs, so several roles on one GPU need GPU sharing "
-                         "(the NVIDIA device plugin's time-slicing) or one pod running every role")
-        lines += ["replicas:", f"  - {{name: explorer, count: {x.explorers}}}",
-                  f"  - {{name: regenerator, count: {x.regenerators}}}",
-                  "patches:", "  - target: {kind: Job, name: trainer}", "    patch: |-"]
-        for kind_ in ("requests", "limits"):
-            lines.append(f"      - {{op: add, path: /spec/template/spec/containers/0/resources/{kind_}/nvidia.com~1gpu, "
-                         f"value: {x.trainer_ranks}}}")
-        return "\n".join(lines) + "\n"
+        return layouts.kustomize(p, list(sets))
     raise PlanError(f"--emit must be compose or kustomize, got {kind!r}")
 
 
 # -------------------------------------------------------------------- the calibration report
 
-SHIPPED_B200 = (4, 2, 1)   # docker-compose.yml / k8s/overlays/b200: explorers, regenerators, trainer GPUs (+ reward)
+# the hand-set split docker-compose.yml and k8s/overlays/b200 shipped before they came from the plan: explorers,
+# regenerators, trainer GPUs (+ reward); kept in the report as the reference the plan improves on
+SHIPPED_B200 = (4, 2, 1)
 
 
 def _try_plan(preset: str, gpu: str, gpus: int, **kw) -> Plan | str:
@@ -956,7 +945,7 @@ def _try_plan(preset: str, gpu: str, gpus: int, **kw) -> Plan | str:
 
 def calibration_report(out: Path) -> dict[str, Any]:
     """Fit the calibration, and write OUT/plan.json and OUT/plan.md: the fit against the paper's table, each
-    model's forward, and the plans for 8 GPUs of each kind (the shipped B200 split beside them)."""
+    model's forward, and the plans for 8 GPUs of each kind (the old hand-set B200 split beside them)."""
     from solrl.bench.common import machine, machine_line
 
     cal, rows = fit_calibration()
@@ -1038,7 +1027,8 @@ def _report_md(res: dict[str, Any], machine_line: str, worst: dict[str, Any]) ->
                      f"{f['conv_macs'] / tot:.1%} | {f['attention_macs'] / tot:.1%} | {f['explorer_fp4_share']:.1%} |")
     for gpu, rows in res["plans"].items():
         lines += ["", f"## 8x {res['gpus'][gpu]['name']}: the two-stage presets", "",
-                  "| model | best | epoch | colocated | best disaggregated split | shipped 4/2/1 + 1 | stale 1, best split |",
+                  "| model | best | epoch | colocated | best disaggregated split | old hand-set 4/2/1 + 1 "
+                  "| stale 1, best split |",
                   "|---|---|---|---|---|---|---|"]
         for row in rows:
             if "error" in row:

@@ -207,32 +207,46 @@ def test_other_bad_input():
 # ------------------------------------------------------------------ emitted layouts and the command
 
 def test_emit_compose_and_kustomize(tmp_path):
+    """The emitted files give every role of the plan's layout its GPUs: compose (a whole file) and a kustomize
+    Component built on top of overlays/b200 in place of its own plan component."""
     p = _plan("sd3.5-large", layout="disaggregated")
-    env = dict(line.split("=", 1) for line in P.emit(p, "compose").splitlines() if not line.startswith("#"))
-    ids = [env[f"SOLRL_PLAN_{r}_GPUS"].split(",") for r in ("EXPLORER", "REGENERATOR", "TRAINER", "REWARD")]
-    flat = [i for part in ids for i in part]
-    assert sorted(flat, key=int) == [str(i) for i in range(8)]
-    assert env["SOLRL_PLAN_TRAINER_RANKS"] == str(p.best.trainer_ranks)
-    assert env["SOLRL_EXPLORER_ADDRS"].count("explorer-") == p.best.explorers
+    x = p.best
+    services = yaml.safe_load(P.emit(p, "compose", ["rollout.pool=48"]))["services"]
+
+    def ids(svc):
+        return [g for d in svc["deploy"]["resources"]["reservations"]["devices"] for g in d["device_ids"]]
+
+    explorers = [n for n in services if n.startswith("explorer-")]
+    regenerators = [n for n in services if n.startswith("regenerator-")]
+    assert (len(explorers), len(regenerators)) == (x.explorers, x.regenerators)
+    flat = [g for n in explorers + regenerators + ["trainer", "reward"] for g in ids(services[n])]
+    assert sorted(flat, key=int) == [str(i) for i in range(8)]   # each GPU to one container
+    trainer = services["trainer"]
+    assert len(ids(trainer)) == int(trainer["environment"]["PET_NPROC_PER_NODE"]) == x.trainer_ranks
+    assert trainer["entrypoint"][0] == "torchrun"
+    assert trainer["environment"]["SOLRL_EXPLORER_ADDRS"] == ",".join(f"{n}:8011" for n in explorers)
+    colo = yaml.safe_load(P.emit(_plan("sd3.5-large"), "compose"))["services"]
+    assert ids(colo["trainer"]) == [str(i) for i in range(8)] and ids(colo["explorer-3"]) == ["3"]
+    with pytest.raises(P.PlanError, match="colocated layout has no overlay.*time-slicing"):
+        P.emit(_plan("sd3.5-large"), "kustomize")
     frag = P.emit(p, "kustomize")
     doc = yaml.safe_load(frag)
-    assert {r["name"]: r["count"] for r in doc["replicas"]} == {"explorer": p.best.explorers,
-                                                                  "regenerator": p.best.regenerators}
+    assert doc["kind"] == "Component"
+    assert {r["name"]: r["count"] for r in doc["replicas"]} == {"explorer": x.explorers, "regenerator": x.regenerators}
     kubectl = shutil.which("kubectl")
     if kubectl is None:
-        pytest.skip("kubectl not installed: the fragment is not built against the overlay")
+        pytest.skip("kubectl not installed: the component is not built into the overlay")
     tree = tmp_path / "k8s"
     shutil.copytree(ROOT / "k8s", tree)
     (tree / "overlays" / "b200" / "adapter-token.txt").write_text("test\n")
-    overlay = tree / "overlays" / "plan"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-                                                "resources:\n  - ../b200\n" + frag)
-    out = subprocess.run([kubectl, "kustomize", str(overlay)], capture_output=True, text=True, check=True).stdout
+    (tree / "overlays" / "b200" / "plan" / "kustomization.yaml").write_text(frag)
+    out = subprocess.run([kubectl, "kustomize", str(tree / "overlays" / "b200")], capture_output=True, text=True,
+                         check=True).stdout
     docs = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out)}
-    assert docs[("Deployment", "explorer")]["spec"]["replicas"] == p.best.explorers
-    gpus = docs[("Job", "trainer")]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
-    assert gpus == p.best.trainer_ranks
+    assert docs[("Deployment", "explorer")]["spec"]["replicas"] == x.explorers
+    (c,) = docs[("Job", "trainer")]["spec"]["template"]["spec"]["containers"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == x.trainer_ranks
+    assert {e["name"]: e.get("value") for e in c["env"]}["PET_NPROC_PER_NODE"] == str(x.trainer_ranks)
 
 
 def test_cli(tmp_path, capsys):

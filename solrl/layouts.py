@@ -1,0 +1,228 @@
+"""A plan's layout as the deployment files run it: `solrl plan --emit compose` (a whole docker-compose file) and
+`solrl plan --emit kustomize` (a kustomize Component an overlay lists). docker-compose.yml,
+docker-compose.colocated.yml and k8s/overlays/b200/plan/ are this module's output for the shipped preset
+(tests/test_deploy.py regenerates them and compares): change the layout here, not in those files.
+
+- disaggregated: one explorer / regenerator container (or pod) per GPU, the reward service on its own GPU, and
+  the trainer on `trainer_ranks` GPUs as one container (pod) running `torchrun --no-python solrl serve trainer`
+  with PET_NPROC_PER_NODE ranks (torchrun reads its options from PET_* variables; rank 0 is the service).
+- colocated (compose only): every GPU runs one explorer, one regenerator and one trainer rank, which take turns
+  as the epoch's stages do (on-policy: explore, regenerate, then train); the reward service sits on the last GPU.
+  Kubernetes gives whole GPUs to pods, so sharing one needs the device plugin's time-slicing, which does not
+  promise a multi-GPU trainer pod distinct GPUs: no overlay is emitted for it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+PORTS = {"reward": (8001, 8080), "explorer": (8011, 8091), "regenerator": (8021, 8092), "trainer": (8031, 8093)}
+TRAINER_ENTRY = ["torchrun", "--standalone", "--no-python", "solrl", "serve", "trainer"]
+
+
+def plan_command(p: Any, kind: str, sets: list[str]) -> str:
+    """The `solrl plan` command that emits this file (its header, and what tests/test_deploy.py re-runs)."""
+    args = ["solrl", "plan", "--preset", p.recipe.preset, *[a for s in sets for a in ("--set", s)],
+            "--gpu", p.gpu, "--gpus", str(p.gpus), "--layout", p.best.kind, "--emit", kind]
+    return shlex.join(args)
+
+
+def _seconds(v: float) -> str:
+    from solrl.plan import seconds_text
+
+    return f"{seconds_text(v)} s"
+
+
+def _plan_lines(p: Any) -> list[str]:
+    x = p.best
+    stages = ", ".join(f"{k} {_seconds(v)}" for k, v in x.stage_s.items() if k != "rollout")
+    return [f"The plan for {p.recipe.model} ({p.recipe.preset}) on {p.gpus}x {p.gpu.upper()}: {x.label};",
+            f"predicted epoch {_seconds(x.epoch_s)} ({stages}).",
+            "docs/deploy.md gives the plans of the real models: regenerate with --preset <theirs> to train one."]
+
+
+def _ids(gpus: list[int]) -> str:
+    return "[" + ", ".join(f'"{g}"' for g in gpus) + "]"
+
+
+def _devices(gpus: list[int], indent: str) -> str:
+    return (f"{indent}deploy:\n{indent}  resources:\n{indent}    reservations:\n"
+            f"{indent}      devices: [{{driver: nvidia, device_ids: {_ids(gpus)}, capabilities: [gpu]}}]\n")
+
+
+def _build(role: str) -> str:
+    grpc, http = PORTS[role]
+    return ("    build:\n      context: .\n      dockerfile: services/Dockerfile\n      target: gpu\n"
+            f'      args: {{FLAVOR: gpu, ROLE: {role}, GRPC_PORT: "{grpc}", HTTP_PORT: "{http}"}}\n'
+            f"    image: solrl/{role}:gpu\n")
+
+
+def placement(p: Any) -> dict[str, Any]:
+    """GPU ids per container: explorers and regenerators (one GPU each), the trainer's, the reward's."""
+    x = p.best
+    if x.kind == "colocated":
+        every = list(range(x.gpus))
+        return {"explorers": [[g] for g in every][:x.explorers], "regenerators": [[g] for g in every][:x.regenerators],
+                "trainer": every[:x.trainer_ranks], "reward": [every[-1]]}
+    e, r, t = x.explorers, x.regenerators, x.trainer_ranks
+    return {"explorers": [[g] for g in range(e)], "regenerators": [[g] for g in range(e, e + r)],
+            "trainer": list(range(e + r, e + r + t)), "reward": [e + r + t]}
+
+
+def compose(p: Any, sets: list[str]) -> str:
+    """The whole docker-compose file of the plan's layout (one node)."""
+    x, where = p.best, placement(p)
+    colocated = x.kind == "colocated"
+    name = "docker-compose.colocated.yml" if colocated else "docker-compose.yml"
+    run_set = " ".join(sets)
+    if colocated:
+        layout = [f"Colocated: every GPU runs one explorer, one regenerator and one trainer rank (torchrun, "
+                  f"{x.trainer_ranks} ranks),",
+                  "which take turns as the epoch's stages do; the reward service shares the last GPU. Each role is",
+                  "its own process, so each GPU holds a copy of the weights per role (the plan's note says whether",
+                  "that fits; the paper's single process shares one)."]
+    else:
+        ids = ",".join(map(str, where["trainer"]))
+        layout = [f"Disaggregated: explorers on GPUs {_span(where['explorers'])}, regenerators on "
+                  f"{_span(where['regenerators'])}, the trainer on {ids}",
+                  f"({x.trainer_ranks} torchrun ranks in one container), reward on {where['reward'][0]}."]
+    head = [f"# solrl on one {p.gpus}x {p.gpu.upper()} node: `docker compose -f {name} up` (or `docker-compose`).",
+            f"# Generated by `{plan_command(p, 'compose', sets)}`:",
+            "# edit solrl/layouts.py, not this file (tests/test_deploy.py checks it equals the command's output).",
+            *(f"# {line}" for line in _plan_lines(p) + layout)]
+    out = "\n".join(head) + "\n" + COMPOSE_COMMON.format(preset=p.recipe.preset, run_set=run_set) + "\nservices:\n"
+    out += REDIS
+    out += "  reward:\n" + _build("reward") + REWARD_ENV + _devices(where["reward"], "    ")
+    for role, key in (("explorer", "explorers"), ("regenerator", "regenerators")):
+        for i, gpus in enumerate(where[key]):
+            out += (f"\n  {role}-{i}:\n    <<: *{role}\n    deploy: {{resources: {{reservations: {{devices: "
+                    f"[{{driver: nvidia, device_ids: {_ids(gpus)}, capabilities: [gpu]}}]}}}}}}\n")
+    explorers = [f"explorer-{i}" for i in range(len(where["explorers"]))]
+    regenerators = [f"regenerator-{i}" for i in range(len(where["regenerators"]))]
+    out += "\n  trainer:\n" + _build("trainer")
+    out += (f"    # torchrun, {x.trainer_ranks} data-parallel ranks (PET_NPROC_PER_NODE), one per GPU; rank 0 is the "
+            "service\n    # (services/trainer/README.md)\n")
+    out += "    entrypoint: [" + ", ".join(f'"{a}"' for a in TRAINER_ENTRY) + "]\n"
+    out += ("    environment:\n      <<: [*base-env, *run-env, *queue-env]\n"
+            f'      SOLRL_GRPC_PORT: "{PORTS["trainer"][0]}"\n      SOLRL_HTTP_PORT: "{PORTS["trainer"][1]}"\n'
+            f"      SOLRL_EXPLORER_ADDRS: {','.join(f'{s}:8011' for s in explorers)}\n"
+            f"      SOLRL_REGENERATOR_ADDRS: {','.join(f'{s}:8021' for s in regenerators)}\n"
+            f'      PET_NPROC_PER_NODE: "{x.trainer_ranks}"\n')
+    out += TRAINER_REST + "".join(f"      {s}: {{condition: service_healthy}}\n" for s in explorers + regenerators)
+    out += ("    # restarted after a crash, it resumes the run from its last checkpoint (same arguments)\n"
+            "    restart: on-failure\n    shm_size: 16gb\n" + _devices(where["trainer"], "    "))
+    return out + "\nvolumes:\n  redis-data:\n  runs:\n"
+
+
+def _span(groups: list[list[int]]) -> str:
+    ids = [g for group in groups for g in group]
+    return f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
+
+
+def kustomize(p: Any, sets: list[str]) -> str:
+    """A kustomize Component with the plan's replicas and the trainer Job's ranks and GPUs (an overlay lists it
+    after components/gpu)."""
+    from solrl.plan import PlanError
+
+    x = p.best
+    if x.kind == "colocated":
+        raise PlanError("a colocated layout has no overlay: Kubernetes gives a pod whole GPUs, so roles sharing one "
+                        "need the device plugin's time-slicing, which does not promise a multi-GPU trainer pod "
+                        "distinct GPUs; use --layout disaggregated (or docker-compose.colocated.yml on one node)")
+    lines = [f"# Generated by `{plan_command(p, 'kustomize', sets)}`:",
+             "# edit solrl/layouts.py, not this file (tests/test_deploy.py checks it equals the command's output).",
+             *(f"# {line}" for line in _plan_lines(p)),
+             "# The trainer: one pod of an indexed Job running torchrun with PET_NPROC_PER_NODE ranks, one GPU each.",
+             "apiVersion: kustomize.config.k8s.io/v1alpha1", "kind: Component", "replicas:",
+             f"  - {{name: explorer, count: {x.explorers}}}", f"  - {{name: regenerator, count: {x.regenerators}}}",
+             "patches:", "  - patch: |-", "      apiVersion: batch/v1", "      kind: Job",
+             "      metadata: {name: trainer, namespace: solrl}", "      spec:", "        template:", "          spec:",
+             "            containers:", "              - name: trainer", "                env:",
+             f'                  - {{name: PET_NPROC_PER_NODE, value: "{x.trainer_ranks}"}}',
+             "                resources:",
+             f"                  requests: {{nvidia.com/gpu: {x.trainer_ranks}}}",
+             f"                  limits: {{nvidia.com/gpu: {x.trainer_ranks}}}"]
+    return "\n".join(lines) + "\n"
+
+
+COMPOSE_COMMON = """# Environment names and ports are exactly those `solrl serve <role>` reads.
+# Secrets: export SOLRL_ADAPTER_TOKEN (e.g. `openssl rand -hex 32`) or put it in a .env file beside
+# this one (never commit it). Weights: SOLRL_WEIGHTS_DIR and SOLRL_HF_CACHE on the host (offline).
+# One set of run settings drives every role: SOLRL_PRESET and SOLRL_SET (KEY=VALUE overrides separated by
+# spaces, e.g. SOLRL_SET="model.path=/weights/sana prompts.train=/weights/prompts.txt"). The trainer trains
+# them, the rollout services serve them (model, path, precisions, reward, sampling defaults), and the
+# trainer checks at start that they agree. The LoRA layout travels with each pushed adapter.
+
+# Each role gets exactly the SOLRL_* names its `solrl serve` reads (tests/test_deploy.py checks it):
+# every role its bind address and ports; the queue roles Redis and the token; rollout roles the reward.
+x-base-env: &base-env
+  SOLRL_BIND_HOST: 0.0.0.0
+  HF_HOME: /cache/hf
+  HF_HUB_OFFLINE: "1"
+
+x-run-env: &run-env
+  SOLRL_PRESET: ${{SOLRL_PRESET:-{preset}}}
+  SOLRL_SET: ${{SOLRL_SET:-{run_set}}}
+
+x-queue-env: &queue-env
+  SOLRL_REDIS_URL: redis://redis:6379/0
+  SOLRL_QUEUE_NAMESPACE: ${{SOLRL_QUEUE_NAMESPACE:-solrl:default}}
+  SOLRL_ADAPTER_TOKEN: ${{SOLRL_ADAPTER_TOKEN:?set SOLRL_ADAPTER_TOKEN (openssl rand -hex 32)}}
+
+x-volumes: &solrl-volumes
+  - ${{SOLRL_WEIGHTS_DIR:-./weights}}:/weights:ro
+  - ${{SOLRL_HF_CACHE:-~/.cache/huggingface}}:/cache/hf:ro
+""" + "".join(f"""
+x-{role}: &{role}
+  build:
+    context: .
+    dockerfile: services/Dockerfile
+    target: gpu
+    args: {{{{FLAVOR: gpu, ROLE: {role}, GRPC_PORT: "{PORTS[role][0]}", HTTP_PORT: "{PORTS[role][1]}"}}}}
+  image: solrl/{role}:gpu
+  environment:
+    <<: [*base-env, *run-env, *queue-env]
+    SOLRL_REWARD_ADDR: reward:8001
+    SOLRL_TRAINER_URL: http://trainer:8093
+    SOLRL_GRPC_PORT: "{PORTS[role][0]}"
+    SOLRL_HTTP_PORT: "{PORTS[role][1]}"
+  volumes: *solrl-volumes
+  depends_on:
+    redis: {{{{condition: service_healthy}}}}
+    reward: {{{{condition: service_healthy}}}}
+  restart: unless-stopped
+  shm_size: 8gb
+""" for role in ("explorer", "regenerator"))
+
+REDIS = """  redis:
+    image: redis:7.2-bookworm
+    command: ["redis-server", "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+    volumes: [redis-data:/data]
+    healthcheck:
+      test: ["CMD", "redis-cli", "ping"]
+      interval: 10s
+      timeout: 3s
+      retries: 5
+    restart: unless-stopped
+
+"""
+
+REWARD_ENV = """    environment:
+      <<: *base-env
+      SOLRL_GRPC_PORT: "8001"
+      SOLRL_HTTP_PORT: "8080"
+    volumes: *solrl-volumes
+    ports: ["8001:8001", "8080:8080"]   # Triton protocol (tritonclient / perf_analyzer) and ops
+    restart: unless-stopped
+"""
+
+TRAINER_REST = """    command: ["--out", "/runs/${SOLRL_RUN_ID:-run}"]
+    volumes:
+      - ${SOLRL_WEIGHTS_DIR:-./weights}:/weights:ro
+      - ${SOLRL_HF_CACHE:-~/.cache/huggingface}:/cache/hf:ro
+      - runs:/runs   # a named volume: created from the image's /runs, owned by its uid 10001
+    ports: ["8031:8031", "8093:8093"]
+    depends_on:
+      redis: {condition: service_healthy}
+"""
