@@ -28,6 +28,7 @@ from services.common.workers import explorer_worker, regenerator_worker
 from solrl.queue import QueueConfig, build_queue
 from solrl.telemetry import read_metrics
 
+pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
 TOKEN = "ddp-service-test-token"
 EPOCHS = 2
@@ -63,21 +64,23 @@ def trainer_command(ranks: int, model_dir: Path, out: Path, namespace: str, grpc
 
 
 class ServiceRun:
-    """One trainer service process (K ranks) with fresh in-process explorer / regenerator workers on its own
-    queue namespace."""
+    """One trainer service process started with `cmd` and `env` (what it trains: `cfg`; its ops port:
+    `http_port`; its queue namespace: `namespace`), with fresh in-process explorer / regenerator workers that
+    take adapters from the trainer's /v1/adapter/current. tests/test_deploy.py starts the deployment files'
+    trainer entry commands through it."""
 
-    def __init__(self, ranks: int, model_dir: Path, out: Path) -> None:  # noqa: F811
+    def __init__(self, cmd: list[str], cfg, http_port: int, namespace: str, log: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.redis = _redis_or_skip()
-        self.namespace = f"solrl-test-ddpsvc-{uuid.uuid4().hex[:10]}"
-        self.queue = build_queue(REDIS, QueueConfig(namespace=self.namespace, claim_idle_ms=300))
-        grpc_port, http_port = _free_port(), _free_port()
-        self.explorer, self.regenerator = planes(tiny_cfg(model_dir, EPOCHS))
+        self.namespace, self.cmd, self.log = namespace, cmd, log
+        self.env = {**os.environ, "SOLRL_ADAPTER_TOKEN": TOKEN, "OMP_NUM_THREADS": "1", **(env or {})}
+        self.queue = build_queue(REDIS, QueueConfig(namespace=namespace, claim_idle_ms=300))
+        self.explorer, self.regenerator = planes(cfg)
         for plane in (self.explorer, self.regenerator):
-            plane.hot.fetcher = AdapterFetcher(f"http://127.0.0.1:{http_port}", TOKEN, plane.hot)
+            plane.hot.fetcher = AdapterFetcher(f"http://127.0.0.1:{http_port}", self.env["SOLRL_ADAPTER_TOKEN"],
+                                               plane.hot)
         self.workers = [explorer_worker(self.queue, self.explorer, block_ms=100),
                         regenerator_worker(self.queue, self.regenerator, block_ms=100)]
-        self.out, self.log = out, out.parent / f"{out.name}.log"
-        self.cmd = trainer_command(ranks, model_dir, out, self.namespace, grpc_port, http_port)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -85,8 +88,8 @@ class ServiceRun:
             w.start()
         self.t0 = time.monotonic()
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.out.parent,
-                                         env={**os.environ, "SOLRL_ADAPTER_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"})
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.log.parent,
+                                         env=self.env)
 
     def wait(self, timeout: float) -> int:
         try:
@@ -112,8 +115,17 @@ class ServiceRun:
             self.redis.delete(*keys)
 
 
+def tiny_service(ranks: int, model_dir: Path, out: Path) -> ServiceRun:  # noqa: F811
+    namespace = f"solrl-test-ddpsvc-{uuid.uuid4().hex[:10]}"
+    grpc_port, http_port = _free_port(), _free_port()
+    run = ServiceRun(trainer_command(ranks, model_dir, out, namespace, grpc_port, http_port),
+                     tiny_cfg(model_dir, EPOCHS), http_port, namespace, out.parent / f"{out.name}.log")
+    run.out = out
+    return run
+
+
 def _run_to_end(ranks: int, model_dir: Path, out: Path) -> ServiceRun:  # noqa: F811
-    run = ServiceRun(ranks, model_dir, out)
+    run = tiny_service(ranks, model_dir, out)
     try:
         run.start()
         rc = run.wait(240)
@@ -155,7 +167,7 @@ def _rank_process(launcher: psutil.Process, rank: int) -> psutil.Process:
 
 
 def test_a_killed_rank_ends_the_service_non_zero_without_a_hang(model_dir, tmp_path):  # noqa: F811
-    run = ServiceRun(2, model_dir, tmp_path / "killed")
+    run = tiny_service(2, model_dir, tmp_path / "killed")
     try:
         run.start()
         launcher = psutil.Process(run.proc.pid)
