@@ -125,6 +125,10 @@ def check_ranks(cfg: RunConfig, world: int) -> None:
     """Every rank needs at least one sample of every optimizer step: refuse a launch where one would have none."""
     if world <= 1:
         return
+    algo = getattr(cfg.train, "algo", "nft")
+    if algo != "nft":   # share_batch carries x0, rewards, groups and prompts: no SDE trajectories or log-probs
+        raise ConfigError(f"train.algo={algo!r} is not data-parallel yet (WORLD_SIZE={world}): the batch rank 0 "
+                          f"shares holds no SDE trajectories or log-probs; run it with one trainer rank")
     fewest = max_ranks(cfg)
     if fewest < world:
         raise ConfigError(

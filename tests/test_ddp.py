@@ -149,3 +149,16 @@ def test_torchrun_env_is_detected():
     r = ddp.from_env(env)
     assert (r.rank, r.world, r.local_rank, r.is_main, r.parallel, r.die_at_epoch) == (1, 2, 1, False, True, None)
     assert ddp.from_env({**env, "SOLRL_TEST_DIE_AT_EPOCH": "3"}).die_at_epoch == 3
+
+
+def test_algorithms_whose_batch_share_batch_does_not_carry_are_refused():
+    """share_batch carries x0, rewards, groups and prompts; an algorithm that trains on SDE trajectories and
+    log-probs (train.algo=flow_grpo) would leave ranks > 0 without them: refused with the field named."""
+    from solrl.config import get_preset
+
+    cfg = get_preset(PRESET)
+    ddp.check_ranks(cfg, 2)
+    cfg.train.algo = "flow_grpo"
+    ddp.check_ranks(cfg, 1)   # one rank: nothing to share
+    with pytest.raises(ConfigError, match="train.algo='flow_grpo' is not data-parallel yet"):
+        ddp.check_ranks(cfg, 2)
