@@ -21,6 +21,7 @@ from solrl.precision import PrecisionConfig
 MODES = ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant")
 SELECTIONS = ("best_worst", "random", "mean_deviation", "extremes_random")
 SOLVERS = ("euler", "dpm2")
+ALGOS = ("nft", "flow_grpo")  # train.algo: DiffusionNFT (solrl/algo/nft.py) or FlowGRPO (solrl/algo/grpo.py)
 # The built-in model registry's names (solrl.models.available_models(), sorted), here without torch for
 # command-line choices; tests/test_cli_fast.py keeps the two equal.
 MODEL_NAMES = ("flux1-dev", "sana1.5-1.6b", "sd3.5-large", "shapes")
@@ -81,11 +82,16 @@ class RolloutConfig:
     explore_precision: PrecisionConfig = field(default_factory=lambda: PrecisionConfig(backend="nvfp4-emu"))
     precision: PrecisionConfig = field(default_factory=lambda: PrecisionConfig(backend="bf16"))
     micro_batch: int = 64     # images per model forward while sampling
+    # flow_grpo: the noise level (eta) of the SDE the trained rollouts are sampled with (regeneration, or the
+    # one-stage BF16 sampling), recording each step's log-prob; exploration and evaluation stay on the ODE
+    # solver. 0 = deterministic ODE rollouts, which is what nft trains on (and flow_grpo cannot: no log-probs).
+    sde_eta: float = 0.0
     proxy: ProxyConfig = field(default_factory=ProxyConfig)  # explore_precision.backend = "auto"
 
 
 @dataclass
 class TrainConfig:
+    algo: str = "nft"                   # nft (DiffusionNFT) | flow_grpo (PPO-clipped GRPO on SDE log-probs)
     lr: float = 3e-4
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 1e-4
@@ -97,7 +103,10 @@ class TrainConfig:
     timestep_fraction: float = 0.6
     beta: float = 1.0                   # guidance strength of DiffusionNFT
     adv_clip_max: float = 5.0
-    kl_beta: float = 1e-4
+    kl_beta: float = 1e-4               # nft: velocity-space KL; flow_grpo: KL between the SDE transition means
+    clip_range: float = 1e-4            # flow_grpo: PPO ratio clip (yifan123/flow_grpo config/base.py)
+    reward_threshold: float | None = None  # flow_grpo: a prompt group whose mean reward is below this gets zero
+                                           # advantages (the MMDanceGRPO design's threshold filter); None = off
     ema_decay: float = 0.9
     old_decay_rate: float = 0.001       # old <- d*old + (1-d)*new, d = min(rate*step, cap)
     old_decay_cap: float = 0.5
@@ -174,6 +183,7 @@ class RunConfig:
         for name in ("lr", "micro_batch", "beta", "adv_clip_max", "max_grad_norm"):
             if getattr(t, name) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
+        self._validate_algo()
         if t.optimizer_steps_per_epoch < 0:
             raise ConfigError(f"train.optimizer_steps_per_epoch must be >= 0 (0: one per prompt group), "
                               f"got {t.optimizer_steps_per_epoch}")
@@ -197,6 +207,36 @@ class RunConfig:
             raise ConfigError("checkpoint_every and threads must be >= 0")
         self._validate_precision()
         return self
+
+    def _validate_algo(self) -> None:
+        import math
+
+        r, t = self.rollout, self.train
+        if t.algo not in ALGOS:
+            raise ConfigError(f"train.algo must be one of {ALGOS}, got {t.algo!r}")
+        if not math.isfinite(t.kl_beta) or t.kl_beta < 0:
+            raise ConfigError(f"train.kl_beta must be a finite float >= 0, got {t.kl_beta}")
+        if not math.isfinite(r.sde_eta) or r.sde_eta < 0:
+            raise ConfigError(f"rollout.sde_eta must be a finite float >= 0, got {r.sde_eta}")
+        if t.algo == "nft":
+            if r.sde_eta != 0:
+                raise ConfigError(f"rollout.sde_eta={r.sde_eta} applies to train.algo=flow_grpo only; nft trains on "
+                                  f"the deterministic ODE rollouts (rollout.sde_eta=0)")
+            if t.reward_threshold is not None:
+                raise ConfigError("train.reward_threshold applies to train.algo=flow_grpo only (set it to none)")
+            return
+        if r.sde_eta == 0:
+            raise ConfigError("train.algo=flow_grpo needs the log-prob of every step of the trained rollouts, which the "
+                              "deterministic ODE sampler (rollout.sde_eta=0) does not have: set rollout.sde_eta > 0 "
+                              "(the SDE's noise level; flow_grpo uses 0.7), or use a *-flow-grpo preset")
+        if r.mode == "naive_quant":
+            raise ConfigError("train.algo=flow_grpo cannot train on the low-precision explorer's samples "
+                              "(rollout.mode=naive_quant): its log-probs must be the BF16 policy's; use sol_rl, "
+                              "diffusion_nft or naive_scaling")
+        if not math.isfinite(t.clip_range) or t.clip_range <= 0:
+            raise ConfigError(f"train.clip_range must be a finite float > 0, got {t.clip_range}")
+        if t.reward_threshold is not None and not math.isfinite(t.reward_threshold):
+            raise ConfigError(f"train.reward_threshold must be a finite float or none, got {t.reward_threshold}")
 
     def _validate_precision(self) -> None:
         from solrl.precision import available_backends
@@ -376,6 +416,29 @@ def shapes_naive_quant() -> RunConfig:
     return _shapes_base("shapes-naive-quant", "naive_quant")
 
 
+def _with_flow_grpo(cfg: RunConfig, name: str) -> RunConfig:
+    """`cfg`'s rollouts trained with FlowGRPO (train.algo=flow_grpo) instead of DiffusionNFT: the trained rollouts
+    sampled with the SDE at noise level 0.7, PPO clip range 1e-4, advantages clipped to 5 and a KL weight of 0.04
+    (yifan123/flow_grpo `config/base.py` and its GenEval / OCR runs in `config/grpo.py`). The two-stage
+    presets keep exploring with the ODE solver in low precision; only the kept seeds are sampled with the SDE."""
+    cfg.name = name
+    cfg.train.algo, cfg.train.clip_range, cfg.train.adv_clip_max, cfg.train.kl_beta = "flow_grpo", 1e-4, 5.0, 0.04
+    cfg.rollout.sde_eta = 0.7
+    return cfg
+
+
+def shapes_flow_grpo() -> RunConfig:
+    """One stage: k seeds per prompt sampled with the SDE in BF16 and trained on (pool = kept), the shapes
+    trainer settings of `_shapes_base` otherwise."""
+    return _with_flow_grpo(shapes_diffusion_nft(), "shapes-flow-grpo")
+
+
+def shapes_sol_flow_grpo() -> RunConfig:
+    """Two stages: the low-precision explorer ranks 16 seeds per prompt with the ODE as shapes-sol-rl does; the 8
+    kept are regenerated in BF16 with the SDE, and those trajectories and log-probs are trained on."""
+    return _with_flow_grpo(shapes_sol_rl(), "shapes-sol-flow-grpo")
+
+
 def _real_base(family: str, model: str, mode: str, *, micro_batch: int, timestep_fraction: float,
                max_grad_norm: float, eval_steps: int) -> RunConfig:
     """The reference hyperparameters (docs/method.md) for the real models (8 GPUs, 48 prompts x 96 -> 24 per epoch,
@@ -411,12 +474,30 @@ def _real_preset(family: str, mode: str) -> Callable[[], RunConfig]:
                               eval_steps=ev)
 
 
+def _real_flow_grpo(family: str, mode: str) -> Callable[[], RunConfig]:
+    """{family}-sol-flow-grpo (two-stage, from {family}-sol-rl) and {family}-flow-grpo (one-stage, from
+    {family}-diffusion-nft), with flow_grpo's trainer settings (`config/grpo.py`): timestep fraction 0.99 (9 of
+    the 10 steps), max grad norm 1.0, two optimizer steps per epoch."""
+    name = f"{family}-{'sol-' if mode == 'sol_rl' else ''}flow-grpo"
+
+    def build() -> RunConfig:
+        cfg = _with_flow_grpo(_real_preset(family, mode)(), name)
+        cfg.train.timestep_fraction, cfg.train.max_grad_norm, cfg.train.optimizer_steps_per_epoch = 0.99, 1.0, 2
+        return cfg
+
+    return build
+
+
 PRESETS: dict[str, Callable[[], RunConfig]] = {
     "shapes-sol-rl": shapes_sol_rl,
     "shapes-diffusion-nft": shapes_diffusion_nft,
     "shapes-naive-scaling": shapes_naive_scaling,
     "shapes-naive-quant": shapes_naive_quant,
     **{f"{fam}-{m.replace('_', '-')}": _real_preset(fam, m) for fam in _REAL for m in MODES},
+    "shapes-flow-grpo": shapes_flow_grpo,
+    "shapes-sol-flow-grpo": shapes_sol_flow_grpo,
+    **{f"{fam}-{'sol-' if m == 'sol_rl' else ''}flow-grpo": _real_flow_grpo(fam, m) for fam in _REAL
+       for m in ("sol_rl", "diffusion_nft")},
 }
 DEFAULT_PRESET = "shapes-sol-rl"
 

@@ -6,6 +6,8 @@ continues the same trajectory. Modes (the paper's baselines, docs/method.md, as 
   diffusion_nft  k seeds sampled in BF16 at full steps (no exploration)
   naive_scaling  all n seeds sampled in BF16 at full steps, k selected by their BF16 rewards
   naive_quant    all n seeds sampled in low precision at full steps, k selected, trained on directly
+train.algo=flow_grpo samples the trained rollouts (regeneration, or the BF16 sampling of the one-stage modes)
+with the SDE and records their trajectories and log-probs; exploration stays on the ODE solver.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from solrl.rewards import build_reward
 from solrl.rollout import PromptCache, SamplerSpec, explore, regenerate
 from solrl.rollout.workers import InferenceCopy
 from solrl.telemetry import MetricsWriter, plot_reward_curve, read_metrics, save_png
-from solrl.trainer import Batch, NFTTrainer
+from solrl.trainer import Batch, NFTTrainer, build_trainer
 
 
 def epoch_rng(seed: int, epoch: int, stream: int) -> tuple[np.random.Generator, torch.Generator]:
@@ -93,7 +95,7 @@ class Session:
         sampler = SamplerSpec(cfg.sampler.solver or spec.default_solver,
                               cfg.sampler.shift if cfg.sampler.shift != 1.0 else spec.default_shift,
                               cfg.sampler.guidance)
-        trainer = NFTTrainer(model, adapters, cfg.train, cfg.rollout.steps, sampler.shift)
+        trainer = build_trainer(model, adapters, cfg, sampler.shift, sampler.guidance)
         explorer = None
         auto = cfg.rollout.explore_precision.backend == "auto"
         if local_explorer and cfg.rollout.mode in ("sol_rl", "naive_quant") and not auto:
@@ -145,6 +147,13 @@ class Session:
             return  # the explorer services build it when a job names the proxy
         c = parse_candidate(self.proxy.current)
         self.explorer = InferenceCopy(self.adapters, policy_config(c.backend, c.policy, self.model.spec))
+
+    def rollout_sampler(self) -> SamplerSpec:
+        """The sampler of the trained rollouts: the ODE solver for nft; for flow_grpo the SDE at rollout.sde_eta,
+        which records every step's log-prob (exploration and evaluation keep `self.sampler`)."""
+        if self.cfg.train.algo == "flow_grpo":
+            return SamplerSpec("sde", self.sampler.shift, self.sampler.guidance, self.cfg.rollout.sde_eta)
+        return self.sampler
 
     def explore_steps(self) -> int:
         r = self.cfg.rollout
@@ -198,6 +207,7 @@ class Session:
         on_stage("sync")
         rec["time_sync_s"] = self.sync()
         mb = r.micro_batch
+        data_traj = data_lp = None
 
         t0 = time.perf_counter()
         ex = None
@@ -224,8 +234,8 @@ class Session:
         else:
             regen_seeds = ex.kept_seeds() if ex is not None else seeds
             with self.adapters.use("old"):
-                rg = regenerate(self.model, self.model.transformer, prompts, regen_seeds, r.steps, self.sampler,
-                                self.scorer, mb, self.cache)
+                rg = regenerate(self.model, self.model.transformer, prompts, regen_seeds, r.steps,
+                                self.rollout_sampler(), self.scorer, mb, self.cache)
             rec["forwards_regenerate"] = rg.forwards
             if r.mode == "naive_scaling":
                 rs = rg.rewards.reshape(len(prompts), pool)
@@ -236,6 +246,8 @@ class Session:
             else:
                 flat = list(range(len(rg.seeds)))
             data_x0, data_r = rg.x0[flat], rg.rewards[flat]
+            if rg.trajectory is not None:  # flow_grpo: the SDE trajectories and their log-probs
+                data_traj, data_lp = rg.trajectory[flat], rg.log_probs[flat]
             data_p, group = [rg.prompts[j] for j in flat], [rg.group[j] for j in flat]
             if r.mode == "sol_rl":
                 kept_proxy = np.stack([ex.scores[p][idx] for p, idx in enumerate(ex.kept)])
@@ -251,7 +263,7 @@ class Session:
         on_stage("train")
         if self.trainer.ranks.parallel:  # data-parallel: the other ranks train on this batch too (Session.follow)
             ddp.share_batch(self.trainer.ranks, epoch, tgen, data_x0, data_r, group, data_p)
-        batch = Batch(data_x0, self.cache(data_p), np.asarray(data_r, dtype=np.float32), group)
+        batch = Batch(data_x0, self.cache(data_p), np.asarray(data_r, dtype=np.float32), group, data_traj, data_lp)
         rec.update(self.trainer.update(batch, tgen))
         self.version += 1
         rec["time_train_s"] = time.perf_counter() - t0

@@ -1,4 +1,5 @@
-"""The DiffusionNFT update on the LoRA: one call per epoch over that epoch's rollouts."""
+"""The update on the LoRA, one call per epoch over that epoch's rollouts: DiffusionNFT (`NFTTrainer`) or
+FlowGRPO (`FlowGRPOTrainer`, train.algo=flow_grpo); `build_trainer` picks by the config."""
 
 from __future__ import annotations
 
@@ -10,10 +11,19 @@ import torch
 
 from solrl import ddp
 from solrl.adapters import LoraAdapters
-from solrl.algo import NFTConfig, compute_advantages, ema_decay, lerp_params_, nft_loss, timestep_indices
-from solrl.config import TrainConfig
+from solrl.algo import (
+    NFTConfig,
+    compute_advantages,
+    ema_decay,
+    flow_grpo_loss,
+    lerp_params_,
+    nft_loss,
+    threshold_groups,
+    timestep_indices,
+)
+from solrl.config import ConfigError, RunConfig, TrainConfig
 from solrl.models.base import Cond, T2IModel
-from solrl.sampling import flow_sigmas
+from solrl.sampling import SDEStep, flow_sigmas, sde_step_with_logprob
 
 
 @dataclass
@@ -24,6 +34,9 @@ class Batch:
     cond: Cond              # [N] encoded prompts
     rewards: np.ndarray     # [N]
     group: list[int]        # [N] prompt index (advantages are normalised per prompt)
+    # flow_grpo: each rollout's SDE trajectory x_T .. x0 [N, S+1, C, H, W] and transition log-probs [N, S]
+    trajectory: torch.Tensor | None = None
+    log_probs: torch.Tensor | None = None
 
 
 class NFTTrainer:
@@ -169,3 +182,114 @@ class NFTTrainer:
                     "train.samples": n, "train.timestep_evals": rows_seen, "train.forwards": forwards,
                     "train.optimizer_steps": len(steps)})
         return out
+
+
+class FlowGRPOTrainer(NFTTrainer):
+    """FlowGRPO on the LoRA (train.algo=flow_grpo): PPO-clipped ratios of the rollouts' own SDE transitions.
+
+    For each (sample, grid step) row of the epoch's plan (the same whole-prompt-group optimizer steps and
+    per-sample random timestep subsets as DiffusionNFT, `plan` / `timestep_plan`; the MMDanceGRPO design
+    samples the trained timesteps at random too), the trainable adapter's velocity at the recorded state x_j
+    gives the log-prob of the recorded next state x_{j+1} under the SDE step (solrl/sampling/steps.py); the
+    ratio to the recorded log-prob is clipped to 1 +- train.clip_range against the group-normalised advantage
+    (solrl/algo/grpo.py), plus train.kl_beta times the KL between the step's Gaussian mean and the adapter-free
+    model's (yifan123/flow_grpo `scripts/train_sd3.py`). With classifier-free guidance the unconditional branch is
+    detached, as there.
+
+    The rollouts are sampled with the "old" adapter, which here is an exact copy of the trainable one at the
+    start of the epoch (copied after every update instead of NFT's slow decay): the recorded log-probs are the
+    old policy's, so the first optimizer step of an epoch sees a ratio of 1. The EMA adapter (evaluation) is
+    kept as for NFT."""
+
+    def __init__(self, model: T2IModel, adapters: LoraAdapters, cfg: TrainConfig, rollout_steps: int,
+                 shift: float = 1.0, *, eta: float, guidance: float = 1.0) -> None:
+        super().__init__(model, adapters, cfg, rollout_steps, shift)
+        if not eta > 0:
+            raise ValueError(f"eta (rollout.sde_eta) must be > 0 for flow_grpo, got {eta!r}")
+        self.eta, self.guidance = float(eta), float(guidance)
+        self.sigmas = flow_sigmas(rollout_steps, shift).float()  # s_j and s_{j+1} of every step, as sampled
+
+    def data_parallel(self, ranks: ddp.Ranks) -> None:
+        if ranks.parallel:
+            raise ConfigError("train.algo=flow_grpo does not train data-parallel yet (its batches carry trajectories "
+                              "the ranks do not share): run it with one trainer process")
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
+        """The denoiser's velocity as the rollouts sampled it: with guidance != 1, v_u + w (v_c - v_u) with the
+        unconditional branch detached (as yifan123/flow_grpo's `compute_log_prob` with `train.cfg`)."""
+        v = self.model.velocity(self.model.transformer, x, t, cond)
+        if self.guidance == 1.0:
+            return v
+        with torch.no_grad():
+            v_u = self.model.velocity(self.model.transformer, x, t, self.model.encode_uncond(len(x)))
+        return v_u + self.guidance * (v - v_u)
+
+    def transition(self, batch: Batch, idx: torch.Tensor, tj: torch.Tensor, adapter: str | None) -> SDEStep:
+        """The SDE step of rows (sample idx[i], grid step tj[i]) under `adapter` (None: adapters disabled, the
+        reference model): its Gaussian (mean, std, noise scale) and the log-prob of the recorded next state."""
+        x, x_next = batch.trajectory[idx, tj], batch.trajectory[idx, tj + 1]
+        s, cond = self.sigmas[tj], batch.cond.index(idx)
+        with self.adapters.use(adapter) if adapter is not None else self.adapters.disabled():
+            v = self.velocity(x, s, cond)
+        return sde_step_with_logprob(v, x, s, self.sigmas[tj + 1], self.eta, prev_sample=x_next)
+
+    def update(self, batch: Batch, generator: torch.Generator) -> dict[str, float]:
+        cfg = self.cfg
+        if batch.trajectory is None or batch.log_probs is None:
+            raise ValueError("train.algo=flow_grpo trains on SDE rollouts: the batch has no trajectory / log_probs "
+                             "(were the rollouts sampled with rollout.sde_eta > 0?)")
+        n, steps_n = batch.log_probs.shape
+        if steps_n != len(self.sigmas) - 1 or tuple(batch.trajectory.shape[:2]) != (n, steps_n + 1):
+            raise ValueError(f"rollouts of {steps_n} steps (trajectory {tuple(batch.trajectory.shape)}) do not match the "
+                             f"trainer's grid of {len(self.sigmas) - 1} steps (rollout.steps)")
+        adv = compute_advantages(torch.from_numpy(batch.rewards).double(), batch.group).float()
+        adv, zeroed = threshold_groups(adv, batch.rewards, batch.group, cfg.reward_threshold)
+        plan = self.plan(batch.group, generator)
+        ts_all = self.timestep_plan(n, generator)
+        sums: dict[str, float] = {}
+        rows_seen = forwards = 0
+        grad_norms, max_dev, first_dev = [], 0.0, 0.0
+        for k, samples in enumerate(plan):
+            self.opt.zero_grad(set_to_none=True)
+            denom = len(samples) * ts_all.shape[1]
+            for idx, tj in self.micro_batches(samples, ts_all):
+                step = self.transition(batch, idx, tj, "default")
+                mean_ref = None
+                if cfg.kl_beta > 0:
+                    with torch.no_grad():
+                        mean_ref = self.transition(batch, idx, tj, None).mean
+                loss, stats = flow_grpo_loss(step.log_prob, batch.log_probs[idx, tj], adv[idx], step.mean, mean_ref,
+                                             step.noise_scale, cfg.clip_range, cfg.adv_clip_max, cfg.kl_beta)
+                (loss * (len(idx) / denom)).backward()
+                dev = stats.pop("ratio_max_dev")
+                max_dev = max(max_dev, dev)
+                if k == 0:
+                    first_dev = max(first_dev, dev)
+                for key, val in stats.items():
+                    sums[key] = sums.get(key, 0.0) + float(val) * len(idx)
+                rows_seen += len(idx)
+                forwards += 1
+            gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+            grad_norms.append(float(gn))
+            self.opt.step()
+            self.global_step += 1
+            lerp_params_(self.adapters.parameters("ema"), self.params, ema_decay(self.global_step, cfg.ema_decay))
+        with torch.no_grad():  # the next epoch samples with the policy as it is now: "old" = an exact copy
+            for old, new in zip(self.adapters.parameters("old"), self.params, strict=True):
+                old.copy_(new)
+        out = {f"train.{k}": v / max(rows_seen, 1) for k, v in sums.items()}
+        out.update({"train.grad_norm": float(np.mean(grad_norms)), "train.global_step": self.global_step,
+                    "train.lr": self.opt.param_groups[0]["lr"], "train.advantage_abs_mean": float(adv.abs().mean()),
+                    "train.samples": n, "train.timestep_evals": rows_seen, "train.forwards": forwards,
+                    "train.optimizer_steps": len(plan), "train.ratio_max_dev": max_dev,
+                    "train.ratio_max_dev_first_step": first_dev, "train.groups_below_threshold": zeroed})
+        return out
+
+
+def build_trainer(model: T2IModel, adapters: LoraAdapters, cfg: RunConfig, shift: float,
+                  guidance: float = 1.0) -> NFTTrainer:
+    """The trainer of `cfg.train.algo` (nft: NFTTrainer; flow_grpo: FlowGRPOTrainer)."""
+    if cfg.train.algo == "flow_grpo":
+        return FlowGRPOTrainer(model, adapters, cfg.train, cfg.rollout.steps, shift, eta=cfg.rollout.sde_eta,
+                               guidance=guidance)
+    return NFTTrainer(model, adapters, cfg.train, cfg.rollout.steps, shift)

@@ -21,7 +21,8 @@ def test_presets_are_valid_and_differ_in_mode():
              for name in PRESETS}
     shapes = {k: v for k, v in modes.items() if k.startswith("shapes-")}  # the real-model presets: test_real_models
     assert shapes == {"shapes-sol-rl": "sol_rl", "shapes-diffusion-nft": "diffusion_nft",
-                      "shapes-naive-scaling": "naive_scaling", "shapes-naive-quant": "naive_quant"}
+                      "shapes-naive-scaling": "naive_scaling", "shapes-naive-quant": "naive_quant",
+                      "shapes-flow-grpo": "diffusion_nft", "shapes-sol-flow-grpo": "sol_rl"}
     nft = get_preset("shapes-diffusion-nft")
     assert nft.rollout.pool == nft.rollout.kept  # k-in-k
 
