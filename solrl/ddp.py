@@ -88,6 +88,11 @@ def launch(env: dict[str, str] | os._Environ = os.environ) -> Iterator[Ranks]:
         yield ranks
         return
     if torch.cuda.is_available():
+        if ranks.local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"LOCAL_RANK={ranks.local_rank}, but this machine shows {torch.cuda.device_count()} CUDA "
+                              f"device(s): one GPU per rank, so at most {torch.cuda.device_count()} ranks per node "
+                              f"(--nproc-per-node / PET_NPROC_PER_NODE); CUDA_VISIBLE_DEVICES= runs the ranks on the "
+                              f"CPU with gloo")
         torch.cuda.set_device(ranks.local_rank)
     dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo", timeout=TIMEOUT)
     try:

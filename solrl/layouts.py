@@ -70,8 +70,18 @@ def placement(p: Any) -> dict[str, Any]:
             "trainer": list(range(e + r, e + r + t)), "reward": [e + r + t]}
 
 
+def check_mode(p: Any) -> None:
+    """The services run the two-stage mode only (solrl/distributed.py): a plan of another has no deployment file."""
+    from solrl.plan import PlanError
+
+    if p.recipe.mode != "sol_rl":
+        raise PlanError(f"rollout.mode={p.recipe.mode!r}: the services (and so the compose and kustomize files) run "
+                        f"rollout.mode='sol_rl' only; plan the embedded loop's layout without --emit")
+
+
 def compose(p: Any, sets: list[str]) -> str:
     """The whole docker-compose file of the plan's layout (one node)."""
+    check_mode(p)
     x, where = p.best, placement(p)
     colocated = x.kind == "colocated"
     name = "docker-compose.colocated.yml" if colocated else "docker-compose.yml"
@@ -125,6 +135,7 @@ def kustomize(p: Any, sets: list[str]) -> str:
     after components/gpu)."""
     from solrl.plan import PlanError
 
+    check_mode(p)
     x = p.best
     if x.kind == "colocated":
         raise PlanError("a colocated layout has no overlay: Kubernetes gives a pod whole GPUs, so roles sharing one "

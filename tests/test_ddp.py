@@ -162,3 +162,15 @@ def test_algorithms_whose_batch_share_batch_does_not_carry_are_refused():
     ddp.check_ranks(cfg, 1)   # one rank: nothing to share
     with pytest.raises(ConfigError, match="train.algo='flow_grpo' is not data-parallel yet"):
         ddp.check_ranks(cfg, 2)
+
+
+def test_more_ranks_on_a_node_than_gpus_is_a_clear_error(monkeypatch):
+    """On a CUDA machine each rank takes cuda:LOCAL_RANK; a rank without a GPU of its own stops before any process
+    group with the option to change. (The branch's logic only: CUDA's device count is set here, as this machine
+    has no GPU; the GPU path itself is not run here.)"""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    with pytest.raises(ConfigError, match=r"LOCAL_RANK=1, but this machine shows 1 CUDA device.*PET_NPROC_PER_NODE"):
+        with ddp.launch(env):
+            pass

@@ -202,6 +202,9 @@ def test_other_bad_input():
         _plan("sana1.5-1.6b", sets=["rollout.mode=naive_scaling"], explorers=2)
     with pytest.raises(P.PlanError, match="compose or kustomize"):
         P.emit(_plan("sana1.5-1.6b"), "helm")
+    for kind in ("compose", "kustomize"):   # the services run the two-stage mode only
+        with pytest.raises(P.PlanError, match="rollout.mode='naive_scaling': the services .* run rollout.mode='sol_rl'"):
+            P.emit(_plan("sana1.5-1.6b", layout="disaggregated", sets=["rollout.mode=naive_scaling"]), kind)
 
 
 # ------------------------------------------------------------------ emitted layouts and the command
