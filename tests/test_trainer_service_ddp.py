@@ -135,8 +135,14 @@ def _run_to_end(ranks: int, model_dir: Path, out: Path) -> ServiceRun:  # noqa: 
     return run
 
 
-def test_two_rank_service_trains_the_one_rank_adapter_on_the_same_rollouts(model_dir, tmp_path):  # noqa: F811
-    one = _run_to_end(1, model_dir, tmp_path / "k1")
+@pytest.fixture(scope="module")
+def one_rank(model_dir, tmp_path_factory) -> ServiceRun:  # noqa: F811
+    """The plain `solrl serve trainer` run: the reference."""
+    return _run_to_end(1, model_dir, tmp_path_factory.mktemp("k1") / "k1")
+
+
+def test_two_rank_service_trains_the_one_rank_adapter_on_the_same_rollouts(one_rank, model_dir, tmp_path):  # noqa: F811
+    one = one_rank
     two = _run_to_end(2, model_dir, tmp_path / "k2")
     assert "2 data-parallel ranks" in two.text() and "data-parallel" not in one.text()
     for f in ("checkpoints/epoch_0001/adapters.safetensors", "checkpoints/epoch_0002/adapters.safetensors",
@@ -166,7 +172,10 @@ def _rank_process(launcher: psutil.Process, rank: int) -> psutil.Process:
     raise AssertionError(f"no rank {rank} under torchrun {launcher.pid}")
 
 
-def test_a_killed_rank_ends_the_service_non_zero_without_a_hang(model_dir, tmp_path):  # noqa: F811
+def test_a_killed_rank_ends_the_service_non_zero_and_a_restart_resumes(one_rank, model_dir, tmp_path):  # noqa: F811
+    """Rank 1 SIGKILLed after epoch 1: the launch exits non-zero within seconds, no process left; started again
+    unchanged (a compose / Job restart: the same command on the same run directory), both ranks resume from the
+    checkpoint and end with the one-rank run's adapter."""
     run = tiny_service(2, model_dir, tmp_path / "killed")
     try:
         run.start()
@@ -190,3 +199,14 @@ def test_a_killed_rank_ends_the_service_non_zero_without_a_hang(model_dir, tmp_p
     assert (run.out / "checkpoints" / "latest").read_text().strip() == "epoch_0001"
     assert not (run.out / "checkpoints" / "epoch_0002").exists()
     print(f"\nrank 1 SIGKILLed: the service exited {rc} after {ended:.2f} s")
+    again = tiny_service(2, model_dir, run.out)
+    again.log = tmp_path / "restarted.log"
+    try:
+        again.start()
+        assert again.wait(240) == 0, again.text()[-3000:]
+    finally:
+        again.close()
+    assert "resuming" in again.text() and "2 data-parallel ranks" in again.text()
+    assert [r["epoch"] for r in read_metrics(run.out / "metrics.jsonl")] == [0, 1, 2]
+    assert [w.processed for w in again.workers] == [2, 2]   # epoch 2 only
+    assert _max_diff(one_rank.out / "adapter_ema.safetensors", run.out / "adapter_ema.safetensors") < ATOL
