@@ -198,8 +198,9 @@ class FlowGRPOTrainer(NFTTrainer):
 
     The rollouts are sampled with the "old" adapter, which here is an exact copy of the trainable one at the
     start of the epoch (copied after every update instead of NFT's slow decay): the recorded log-probs are the
-    old policy's, so the first optimizer step of an epoch sees a ratio of 1. The EMA adapter (evaluation) is
-    kept as for NFT."""
+    old policy's, so the first optimizer step of an epoch sees a ratio of 1 (up to float rounding where the
+    trainer's forward batches differ in shape from the rollout's). The EMA adapter (evaluation) is kept as for
+    NFT."""
 
     def __init__(self, model: T2IModel, adapters: LoraAdapters, cfg: TrainConfig, rollout_steps: int,
                  shift: float = 1.0, *, eta: float, guidance: float = 1.0) -> None:

@@ -30,6 +30,10 @@ from solrl.telemetry import read_metrics, strip_timings
 from solrl.trainer import Batch, FlowGRPOTrainer
 
 PROMPT = "two blue squares"
+# |ratio - 1| on an epoch's first optimizer step: 0 when the log-probs recompute bit for bit; else the trainer's
+# forwards (rows of several samples and timesteps) differ in batch shape from the rollout's, and the CPU GEMM's
+# summation order moves a velocity by ~6e-7 and a log-prob by ~1e-7: two float32 steps of exp near 1 at most
+RATIO_TOL = 2.4e-7
 
 
 def quiet(*_):
@@ -179,8 +183,8 @@ def test_an_epoch_sees_ratio_one_first_then_moves(random_model_dir, mode):  # no
     rec = sess.epoch(0)
     assert rec["forwards_regenerate"] == 2 * (6 if mode == "naive_scaling" else 4) * 3  # prompts x seeds x steps
     assert rec["train.optimizer_steps"] == 2            # one per prompt group (the shapes presets)
-    assert rec["train.ratio_max_dev_first_step"] == 0.0  # the recorded log-probs are the policy's own
-    assert rec["train.ratio_max_dev"] > 1e-5             # the second step's policy has moved
+    assert rec["train.ratio_max_dev_first_step"] <= RATIO_TOL  # the recorded log-probs are the policy's own
+    assert rec["train.ratio_max_dev"] > 1e-5                   # the second step's policy has moved
     assert 0 < rec["train.clip_frac"] < 1 and rec["train.kl"] > 0
     old, new = sess.adapters.parameters("old"), sess.adapters.trainable_parameters()
     assert all(torch.equal(o, n) for o, n in zip(old, new, strict=True))  # the next epoch samples with the policy
@@ -233,7 +237,7 @@ def test_services_mode_matches_the_embedded_loop(model_dir, queue, tmp_path):  #
     dist_recs = [r for r in read_metrics(tmp_path / "dist" / "metrics.jsonl") if r["epoch"] > 0]
     for d, e in zip(dist_recs, emb_recs, strict=True):
         assert d["rollout.reward_mean"] == e["rollout.reward_mean"] and d["proxy_gap"] == e["proxy_gap"]
-        assert d["train.ratio_max_dev_first_step"] == e["train.ratio_max_dev_first_step"] == 0.0
+        assert d["train.ratio_max_dev_first_step"] == e["train.ratio_max_dev_first_step"] <= RATIO_TOL
         for key in ("train.loss", "train.kl", "train.approx_kl", "train.clip_frac", "train.grad_norm"):
             assert d[key] == e[key], key  # fp32 on both sides: the regenerator's LoRA arithmetic is the trainer's
 
