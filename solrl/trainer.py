@@ -30,7 +30,7 @@ from solrl.sampling import SDEStep, flow_sigmas, sde_step_with_logprob
 class Batch:
     """Training data of one epoch: BF16 (or, for naive_quant, low-precision) final latents and rewards."""
 
-    x0: torch.Tensor        # [N, C, H, W]
+    x0: torch.Tensor        # [N, C, H, W] ([N, C, F, H, W] for a video model)
     cond: Cond              # [N] encoded prompts
     rewards: np.ndarray     # [N]
     group: list[int]        # [N] prompt index (advantages are normalised per prompt)
@@ -146,7 +146,7 @@ class NFTTrainer:
             for i, (idx, tj, noise) in enumerate(fwds):
                 x0, cond, a = batch.x0[idx], batch.cond.index(idx), adv[idx]
                 t = self.grid[tj]
-                tb = t[:, None, None, None]
+                tb = t.view(-1, *([1] * (x0.ndim - 1)))  # [N, 1, 1, 1], or [N, 1, 1, 1, 1] for video latents
                 xt = (1 - tb) * x0 + tb * noise
                 with torch.no_grad():
                     with self.adapters.use("old"):

@@ -1,8 +1,10 @@
-"""The model interface every text-to-image model of the registry implements.
+"""The model interface every text-to-image (and text-to-video) model of the registry implements.
 
 The loop, rollouts and trainer see a model only through this interface: a denoiser (`transformer`, a
 diffusers model that gets the LoRA), prompt encoding, a velocity call, and decoding to images.
 Conventions: rectified flow, t in [0, 1] with t = 1 pure noise, the denoiser predicts v = noise - x0.
+Latents are [B, C, H, W] for an image model and [B, C, F, H, W] for a video model (F latent frames); the code
+that handles latents (seed -> noise, samplers, the trainer's x_t) works on any number of non-batch dims.
 """
 
 from __future__ import annotations
@@ -44,12 +46,17 @@ class ModelSpec:
     """What the rest of the system needs to know about a model family."""
 
     name: str
-    latent_shape: tuple[int, int, int]      # C, H, W of the denoiser's input
+    latent_shape: tuple[int, ...]           # C, H, W of the denoiser's input; C, F, H, W for a video model
     lora_targets: tuple[str, ...]           # peft target module names
     quant_skip: tuple[str, ...]             # fnmatch patterns of Linear layers kept in high precision
     quant_min_features: int                 # Linear layers whose larger dim is below this stay high precision
     default_solver: str                     # "euler" | "dpm2"
     default_shift: float = 1.0
+
+    @property
+    def is_video(self) -> bool:
+        """Latents with a frame axis [C, F, H, W]: decode gives video frames [B, F, H, W, 3]."""
+        return len(self.latent_shape) == 4
 
 
 class T2IModel:
@@ -69,7 +76,8 @@ class T2IModel:
         raise NotImplementedError
 
     def decode(self, latents: torch.Tensor) -> np.ndarray:
-        """Latents [B, C, H, W] -> uint8 images [B, H, W, 3]."""
+        """Latents [B, C, H, W] -> uint8 images [B, H, W, 3]. A video model: latents [B, C, F, H, W] -> uint8
+        frames [B, F', H, W, 3], the frames its rewards score (solrl.rewards.frames)."""
         raise NotImplementedError
 
     def velocity_fn(self, transformer: nn.Module, cond: Cond) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

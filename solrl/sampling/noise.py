@@ -1,4 +1,9 @@
-"""Seed -> initial noise, independent of batch composition and device."""
+"""Seed -> initial noise, independent of batch composition and device.
+
+Shapes are any latent shape: [C, H, W] for an image model, [C, F, H, W] for a video model (a seed's noise is
+drawn in one call over the whole clip, so it is the same whatever the batch). The argument keeps its historical
+name `shape_CHW`.
+"""
 
 from __future__ import annotations
 
@@ -34,7 +39,8 @@ def noise_for_seeds(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ) -> Tensor:
-    """Standard-normal noise [len(seeds), *shape_CHW], one CPU generator per seed.
+    """Standard-normal noise [len(seeds), *shape_CHW], one CPU generator per seed (shape_CHW: the latent shape,
+    [C, H, W] or a video's [C, F, H, W]).
 
     Each sample is drawn in float32 on the CPU from `torch.Generator().manual_seed(seed)`, then the
     batch is moved to `device` and cast to `dtype`, so a seed gives the same values in any batch,
