@@ -21,6 +21,7 @@ from torch import nn
 from solrl.models.base import T2IModel
 from solrl.prompts import is_shapes_set, load_prompt_set
 from solrl.rewards import Scorer, build_reward
+from solrl.rewards.frames import first_frames, score_frames
 from solrl.rewards.shapes import ShapesReward
 from solrl.rollout import PromptCache, SamplerSpec, generate
 from solrl.telemetry import image_grid, save_png
@@ -77,8 +78,11 @@ def eval_scorer(cfg: Any, run_scorer: Scorer | None = None) -> Scorer:
 
 
 def _score(scorer: Scorer, images: np.ndarray, prompts: list[str]) -> tuple[np.ndarray, dict[str, Any]]:
-    """Total rewards and the extra summary fields the scorer can give."""
+    """Total rewards and the extra summary fields the scorer can give. A video model's frames [B, F, H, W, 3]:
+    the per-clip mean of the frames' rewards (solrl/rewards/frames.py)."""
     extra: dict[str, Any] = {}
+    if images.ndim == 5:
+        return score_frames(scorer, images, prompts).astype(np.float64), extra
     if isinstance(scorer, ShapesReward):
         detail = scorer.score_detailed(images, prompts)
         totals = np.array([d["total"] for d in detail])
@@ -130,7 +134,7 @@ def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], pr
                                "sample_time_s": round(time.time() - t0, 2), **extra}
         results[str(n_steps)] = res
         pick = list(range(0, len(flat_p), seeds_per_prompt))[:32]
-        grids[n_steps] = image_grid(gen.images[pick], [flat_p[i] for i in pick],
+        grids[n_steps] = image_grid(first_frames(gen.images[pick]), [flat_p[i] for i in pick],
                                     scores=[float(totals[i]) for i in pick])
     first = results[str(steps[0])]
     summary = {"mean_reward": first["mean_reward"], "n": first["n"], "steps": list(steps),

@@ -33,6 +33,7 @@ class RewardInfo:
     needs_weights: bool = False           # downloaded model weights (from a local path or the HF cache)
     requires: tuple[str, ...] = ()        # optional packages (import names) it needs
     weights: str = ""                     # where the weights come from (environment variables, defaults)
+    frames: bool = True                   # scores any RGB image, so a video's frames (solrl/rewards/frames.py)
 
     def missing(self) -> list[str]:
         """What is absent for this reward to build here (packages, weights); [] = ready. Cheap: loads nothing."""
@@ -58,12 +59,12 @@ _REGISTRY: dict[str, RewardInfo] = {}
 
 
 def register_reward(name: str, factory: Callable[[], Scorer] | str, *, needs_weights: bool = False,
-                    requires: tuple[str, ...] = (), weights: str = "") -> None:
+                    requires: tuple[str, ...] = (), weights: str = "", frames: bool = True) -> None:
     if not isinstance(name, str) or not name or any(c in name for c in ":+,{} "):
         raise ValueError(f"reward name must be a non-empty string without ':+,{{}} ', got {name!r}")
     if name in _REGISTRY:
         raise ValueError(f"reward {name!r} is already registered")
-    _REGISTRY[name] = RewardInfo(name, factory, needs_weights, tuple(requires), weights)
+    _REGISTRY[name] = RewardInfo(name, factory, needs_weights, tuple(requires), weights, frames)
 
 
 def available_rewards() -> list[str]:
@@ -90,8 +91,9 @@ def build_reward(name: str) -> Scorer:
     return reward_info(name).build()
 
 
-register_reward("shapes", ShapesReward)
-register_reward("shapes_dense", "solrl.rewards.shapes_dense:ShapesDenseReward")
+# the shapes world's rewards parse renders of that world: they cannot score a video model's frames
+register_reward("shapes", ShapesReward, frames=False)
+register_reward("shapes_dense", "solrl.rewards.shapes_dense:ShapesDenseReward", frames=False)
 register_reward("jpeg_compressibility", JpegCompressibility)
 register_reward("ocr", "solrl.rewards.ocr:OcrReward", requires=("rapidocr_onnxruntime", "rapidfuzz"),
                 weights="none to download (rapidocr_onnxruntime ships its ONNX models)")

@@ -25,6 +25,7 @@ from torch import nn
 
 from solrl.algo import select
 from solrl.models.base import Cond, T2IModel
+from solrl.rewards.frames import score_frames
 from solrl.sampling import SeedNoise, cfg_velocity, flow_sigmas, noise_for_seeds, sample
 
 
@@ -45,8 +46,8 @@ class SamplerSpec:
 
 @dataclass
 class Generated:
-    x0: torch.Tensor          # [B, C, H, W] final latents
-    images: np.ndarray        # uint8 [B, H, W, 3]
+    x0: torch.Tensor          # [B, C, H, W] final latents ([B, C, F, H, W] for a video model)
+    images: np.ndarray        # uint8 [B, H, W, 3]; a video model's frames its rewards score [B, F', H, W, 3]
     forwards: int             # image-level denoiser evaluations
     # solver "sde" only: the states x_T .. x0 [B, S+1, C, H, W] and each transition's log-prob [B, S]
     trajectory: torch.Tensor | None = None
@@ -149,7 +150,7 @@ def explore(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds: 
         raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seed pools")
     flat_p = [p for p, pool in zip(prompts, seeds) for _ in pool]
     gen = generate_by_prompt(model, transformer, prompts, seeds, steps, sampler, micro_batch, cache)
-    flat_r = np.asarray(scorer(gen.images, flat_p), dtype=np.float32)
+    flat_r = score_frames(scorer, gen.images, flat_p)
     scores, kept, off = [], [], 0
     for pool in seeds:
         r = flat_r[off: off + len(pool)]
@@ -182,6 +183,6 @@ def regenerate(model: T2IModel, transformer: nn.Module, prompts: list[str], seed
     flat_s = [s for ks in seeds for s in ks]
     group = [i for i, ks in enumerate(seeds) for _ in ks]
     gen = generate_by_prompt(model, transformer, prompts, seeds, steps, sampler, micro_batch, cache)
-    rewards = np.asarray(scorer(gen.images, flat_p), dtype=np.float32)
+    rewards = score_frames(scorer, gen.images, flat_p)
     return RegenResult(flat_p, flat_s, group, gen.x0, gen.images, rewards, gen.forwards, gen.trajectory,
                        gen.log_probs)
