@@ -24,7 +24,11 @@ SOLVERS = ("euler", "dpm2")
 ALGOS = ("nft", "flow_grpo")  # train.algo: DiffusionNFT (solrl/algo/nft.py) or FlowGRPO (solrl/algo/grpo.py)
 # The built-in model registry's names (solrl.models.available_models(), sorted), here without torch for
 # command-line choices; tests/test_cli_fast.py keeps the two equal.
-MODEL_NAMES = ("flux1-dev", "sana1.5-1.6b", "sd3.5-large", "shapes")
+MODEL_NAMES = ("flux1-dev", "sana1.5-1.6b", "sd3.5-large", "shapes", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b")
+# The video models (solrl/models/wan.py): (the VAE's time compression, the pixel multiple of height / width = VAE x
+# patch). A clip has temporal * k + 1 frames (Wan's causal VAE); the loader checks the same against the checkpoint.
+VIDEO_MODELS: dict[str, tuple[int, int]] = {"wan2.2-ti2v-5b": (4, 32), "wan2.2-t2v-a14b": (4, 16)}
+REWARD_FRAMES = ("first", "mean")  # reward_frames: which frames of a clip a (per-image) reward scores
 
 
 class ConfigError(ValueError):
@@ -35,6 +39,10 @@ class ConfigError(ValueError):
 class ModelConfig:
     name: str = "shapes"
     path: str | None = None  # local directory with the weights; None = the model's default location
+    # video models only (VIDEO_MODELS), 0 = the model's default: the clip's frames (4k + 1) and size in pixels
+    frames: int = 0
+    height: int = 0
+    width: int = 0
 
 
 @dataclass
@@ -138,6 +146,9 @@ class RunConfig:
     seed: int = 0
     epochs: int = 100
     reward: str = "shapes"
+    # video models: the frames an image reward scores, "first" (frame 0 only, as the MMDanceGRPO design scores
+    # HPSv3; only that frame is decoded) or "mean" (every frame decoded and scored, the mean per clip)
+    reward_frames: str = "first"
     checkpoint_every: int = 1
     tensorboard: bool = True
     wandb: str = ""                     # Weights & Biases logging: "" (off), "offline" or "online" (extra: wandb)
@@ -184,6 +195,7 @@ class RunConfig:
             if getattr(t, name) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
         self._validate_algo()
+        self._validate_video()
         if t.optimizer_steps_per_epoch < 0:
             raise ConfigError(f"train.optimizer_steps_per_epoch must be >= 0 (0: one per prompt group), "
                               f"got {t.optimizer_steps_per_epoch}")
@@ -237,6 +249,56 @@ class RunConfig:
             raise ConfigError(f"train.clip_range must be a finite float > 0, got {t.clip_range}")
         if t.reward_threshold is not None and not math.isfinite(t.reward_threshold):
             raise ConfigError(f"train.reward_threshold must be a finite float or none, got {t.reward_threshold}")
+
+    def _validate_video(self) -> None:
+        """A video model's clip and rewards; the video settings are refused for an image model."""
+        m = self.model
+        if self.reward_frames not in REWARD_FRAMES:
+            raise ConfigError(f"reward_frames must be one of {REWARD_FRAMES}, got {self.reward_frames!r}")
+        if m.name not in VIDEO_MODELS:
+            for key in ("frames", "height", "width"):
+                if getattr(m, key):
+                    raise ConfigError(f"model.{key}={getattr(m, key)} applies to the video models "
+                                      f"{sorted(VIDEO_MODELS)}, not {m.name!r} (set it to 0)")
+            if self.reward_frames != "first":
+                raise ConfigError(f"reward_frames={self.reward_frames!r} applies to the video models "
+                                  f"{sorted(VIDEO_MODELS)}, not {m.name!r}")
+            return
+        temporal, multiple = VIDEO_MODELS[m.name]
+        if m.frames < 0 or m.frames and (m.frames - 1) % temporal:
+            lo = max(m.frames - 1, 0) // temporal * temporal + 1
+            raise ConfigError(f"model.frames={m.frames}: {m.name}'s VAE makes clips of {temporal}k + 1 frames "
+                              f"(e.g. {lo} or {lo + temporal}); 0 = the model's default")
+        for key in ("height", "width"):
+            side = getattr(m, key)
+            if side < 0 or side % multiple:
+                raise ConfigError(f"model.{key}={side} must be a multiple of {multiple} pixels for {m.name} "
+                                  f"(0 = the model's default)")
+        from solrl.rewards.frames import frame_incapable
+
+        for key in ("reward", "eval.reward"):
+            name = self.reward if key == "reward" else self.eval.reward
+            if not name:
+                continue
+            try:
+                bad = frame_incapable(name)
+            except ValueError as exc:
+                raise ConfigError(f"{key}: {exc}") from None
+            if bad:
+                raise ConfigError(
+                    f"{key}={name!r}: {bad} cannot score video frames ({m.name} makes videos; the shapes world's "
+                    f"rewards parse renders of that world only). Use a reward of any image, e.g. hpsv3, hpsv2, "
+                    f"pickscore, clipscore, imagereward, ocr or jpeg_compressibility: it scores frame 0 "
+                    f"(reward_frames=first) or each frame, averaged (reward_frames=mean)")
+
+    def model_options(self) -> dict[str, Any]:
+        """Keyword options of the model's loader (`solrl.models.load_model`): for a video model the clip
+        (model.frames / height / width, those set) and the frames its rewards score (reward_frames); none for an
+        image model."""
+        if self.model.name not in VIDEO_MODELS:
+            return {}
+        clip = {k: getattr(self.model, k) for k in ("frames", "height", "width") if getattr(self.model, k)}
+        return {**clip, "reward_frames": self.reward_frames}
 
     def _validate_precision(self) -> None:
         from solrl.precision import available_backends
@@ -488,6 +550,58 @@ def _real_flow_grpo(family: str, mode: str) -> Callable[[], RunConfig]:
     return build
 
 
+def _video_base(family: str, model: str, mode: str, *, frames: int, height: int, width: int,
+                eval_steps: int) -> RunConfig:
+    """Wan2.2 text-to-video (solrl/models/wan.py, docs/video.md). The clip is the model's own default from the
+    Wan2.2 repository (Wan-Video/Wan2.2 `wan/configs/`: TI2V-5B 121 frames at 704x1280, 24 fps, 50 steps;
+    T2V-A14B 81 frames at 480x832 -- its smaller supported size, 720x1280 being the other --, 16 fps, 40 steps),
+    the evaluation steps are those sample steps; the flow shift is the checkpoint's scheduler config (as for the
+    image families). The RL settings follow the reference for images (docs/method.md: rollout 10 steps, explore 6,
+    LoRA r32 a64 on the attention projections -- here of both A14B experts --, AdamW 3e-4) with groups sized
+    for video: 8 clips per prompt (the MMDanceGRPO design's rollout.n = 8), explored from 32 (the reference's
+    4x pool), 16 prompts per epoch, one clip per forward. The reward is HPSv3 on each clip's first frame
+    (reward_frames=first), as in the MMDanceGRPO design; reward_frames=mean scores every frame."""
+    cfg = RunConfig(name=f"{family}-{mode.replace('_', '-')}", seed=42, epochs=300, reward="hpsv3",
+                    reward_frames="first")
+    cfg.model = ModelConfig(name=model, frames=frames, height=height, width=width)
+    cfg.lora = LoraConfig(rank=32, alpha=64.0, init="gaussian")
+    cfg.rollout = RolloutConfig(
+        mode=mode, prompts_per_epoch=16, pool=8 if mode == "diffusion_nft" else 32, kept=8, explore_steps=6,
+        steps=10, selection="best_worst", micro_batch=1,
+        explore_precision=PrecisionConfig(backend="nvfp4"), precision=PrecisionConfig(backend="bf16"))
+    cfg.train = TrainConfig(lr=3e-4, betas=(0.9, 0.999), weight_decay=1e-4, eps=1e-8, max_grad_norm=1.0,
+                            micro_batch=1, optimizer_steps_per_epoch=1, timestep_fraction=0.6, beta=1.0,
+                            kl_beta=1e-4)
+    cfg.eval = EvalConfig(every=10, steps=(eval_steps,), prompts=16, seeds_per_prompt=1)
+    cfg.prompts = PromptsConfig(train="", eval="")  # the user's prompt files: required
+    return cfg
+
+
+_VIDEO = {
+    # family: (registry model, frames, height, width, eval steps) -- Wan-Video/Wan2.2 wan/configs/
+    "wan22-ti2v5b": ("wan2.2-ti2v-5b", 121, 704, 1280, 50),
+    "wan22-a14b": ("wan2.2-t2v-a14b", 81, 480, 832, 40),
+}
+
+
+def _video_preset(family: str, mode: str) -> Callable[[], RunConfig]:
+    model, frames, height, width, ev = _VIDEO[family]
+    return lambda: _video_base(family, model, mode, frames=frames, height=height, width=width, eval_steps=ev)
+
+
+def _video_flow_grpo(family: str, mode: str) -> Callable[[], RunConfig]:
+    """{family}-sol-flow-grpo / {family}-flow-grpo: FlowGRPO as the MMDanceGRPO design trains Wan2.2 (GRPO on SDE
+    rollouts, clip range 1e-4), with the trainer settings of the image families' flow-grpo presets."""
+    name = f"{family}-{'sol-' if mode == 'sol_rl' else ''}flow-grpo"
+
+    def build() -> RunConfig:
+        cfg = _with_flow_grpo(_video_preset(family, mode)(), name)
+        cfg.train.timestep_fraction, cfg.train.optimizer_steps_per_epoch = 0.99, 2
+        return cfg
+
+    return build
+
+
 PRESETS: dict[str, Callable[[], RunConfig]] = {
     "shapes-sol-rl": shapes_sol_rl,
     "shapes-diffusion-nft": shapes_diffusion_nft,
@@ -497,6 +611,9 @@ PRESETS: dict[str, Callable[[], RunConfig]] = {
     "shapes-flow-grpo": shapes_flow_grpo,
     "shapes-sol-flow-grpo": shapes_sol_flow_grpo,
     **{f"{fam}-{'sol-' if m == 'sol_rl' else ''}flow-grpo": _real_flow_grpo(fam, m) for fam in _REAL
+       for m in ("sol_rl", "diffusion_nft")},
+    **{f"{fam}-{m.replace('_', '-')}": _video_preset(fam, m) for fam in _VIDEO for m in MODES},
+    **{f"{fam}-{'sol-' if m == 'sol_rl' else ''}flow-grpo": _video_flow_grpo(fam, m) for fam in _VIDEO
        for m in ("sol_rl", "diffusion_nft")},
 }
 DEFAULT_PRESET = "shapes-sol-rl"
