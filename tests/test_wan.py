@@ -352,7 +352,9 @@ def test_diffusers_sampling_loop_reproduces_solrl(name, tiny_dirs):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_mean_over_frames_run_scores_every_frame(name, tiny_dirs):
-    cfg = run_cfg(name, tiny_dirs, extra=["reward_frames=mean", "rollout.mode=diffusion_nft", "rollout.pool=2"])
+    """reward_frames=mean in a one-stage FlowGRPO run (the MMDanceGRPO algorithm): SDE rollouts of clips."""
+    cfg = run_cfg(name, tiny_dirs, preset="flow-grpo", extra=["reward_frames=mean"])
+    assert cfg.train.algo == "flow_grpo" and cfg.rollout.mode == "diffusion_nft"
     sess = Session.build(cfg)
     assert sess.model.reward_frames == "mean"
     gen = generate(sess.model, sess.model.transformer, PROMPTS, [1, 2], 2, sess.sampler)
@@ -362,6 +364,8 @@ def test_mean_over_frames_run_scores_every_frame(name, tiny_dirs):
                                np.asarray(per_frame).reshape(2, FRAMES).mean(axis=1), rtol=1e-6)
     rec = sess.epoch(0)
     assert np.isfinite(rec["train.loss"]) and rec["forwards_regenerate"] == 2 * 2 * 3
+    # the recorded SDE log-probs of the clips are the policy's: the epoch's first step sees a ratio of 1
+    assert rec["train.ratio_max_dev_first_step"] < 1e-5
     summary, grids = sess.evaluate(steps=(2,), n_prompts=1, seeds_per_prompt=1)
     assert np.isfinite(summary["mean_reward"]) and grids[2].ndim == 3   # the grid shows each clip's frame 0
 
