@@ -391,3 +391,18 @@ def test_real_wan_weights_one_epoch_on_a_gpu(name):
     sess = Session.build(cfg)
     rec = sess.epoch(0)
     assert np.isfinite(rec["train.loss"]) and rec["train.grad_norm"] > 0
+
+
+def test_precision_policies_see_each_expert_as_a_denoiser(tiny_dirs):
+    """keep-first / keep-last block policies keep each A14B expert's own first / last block in high precision."""
+    from solrl.precision.base import denoiser_blocks, policy_kept_blocks
+    from solrl.precision.policy import policy_config
+
+    m = tiny("wan2.2-t2v-a14b", tiny_dirs)
+    assert denoiser_blocks(m.transformer) == ["transformer.blocks.0", "transformer_2.blocks.0"]
+    ref = build_backend(policy_config("nvfp4-emu", "reference", m.spec)).selected_layers(m.transformer)
+    assert sorted(ref) == [f"{e}.blocks.0.ffn.net.{i}" for e in ("transformer", "transformer_2")
+                           for i in ("0.proj", "2")]
+    cfg = policy_config("nvfp4-emu", "keep-first-block", m.spec)
+    assert policy_kept_blocks(m.transformer, cfg) == ["transformer.blocks.0", "transformer_2.blocks.0"]
+    assert build_backend(cfg).selected_layers(m.transformer) == []   # one block per tiny expert: all kept

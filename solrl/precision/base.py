@@ -216,7 +216,11 @@ def with_model_skips(precision: PrecisionConfig, skip: tuple[str, ...], min_feat
 def denoiser_blocks(model: nn.Module) -> list[str]:
     """The denoiser's blocks in order: the items of its top-level ModuleLists whose names end in "blocks"
     (`transformer_blocks`; FLUX's `transformer_blocks` then `single_transformer_blocks`; a UNet's
-    `down_blocks` then `up_blocks`), in the order the model registers them."""
+    `down_blocks` then `up_blocks`), in the order the model registers them. A module of several expert denoisers
+    (`EXPERTS`, Wan2.2 A14B's `WanExperts`): each expert's blocks in turn, under the expert's name."""
+    experts = getattr(model, "EXPERTS", None)
+    if experts:
+        return [f"{e}.{b}" for e in experts for b in denoiser_blocks(getattr(model, e))]
     out = []
     for name, child in model.named_children():
         if isinstance(child, nn.ModuleList) and name.endswith("blocks"):
@@ -229,6 +233,9 @@ def policy_kept_blocks(model: nn.Module, cfg: PrecisionConfig) -> list[str]:
     n_first, n_last = cfg.keep_first_blocks, cfg.keep_last_blocks
     if not n_first and not n_last:
         return []
+    experts = getattr(model, "EXPERTS", None)
+    if experts:   # each expert is a whole denoiser: its own first / last blocks
+        return [f"{e}.{b}" for e in experts for b in policy_kept_blocks(getattr(model, e), cfg)]
     blocks = denoiser_blocks(model)
     if n_first + n_last > len(blocks):
         raise ValueError(f"keep_first_blocks={n_first} + keep_last_blocks={n_last} exceed the "
