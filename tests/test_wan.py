@@ -374,7 +374,9 @@ def test_mean_over_frames_run_scores_every_frame(name, tiny_dirs):
 @pytest.mark.parametrize("name", NAMES)
 def test_real_wan_weights_one_epoch_on_a_gpu(name):
     """The real checkpoint (local HF cache or SOLRL_WAN_PATH_<A14B|TI2V5B>) for one tiny epoch on a CUDA GPU: bf16
-    denoiser(s), fp32 VAE, nvfp4-emu explorer. Skipped without weights (nothing is downloaded)."""
+    denoiser(s), fp32 VAE; TI2V-5B two-stage with an nvfp4-emu explorer, A14B one-stage (its two 14B experts take
+    56 GB in bf16, and an explorer copy as much again: more than an 80 GB GPU). Skipped without weights (nothing is
+    downloaded)."""
     import os
 
     from solrl.models.diffusers_t2i import resolve_weights
@@ -385,7 +387,8 @@ def test_real_wan_weights_one_epoch_on_a_gpu(name):
     except MissingModelWeightsError as exc:
         pytest.skip(f"no {name} weights on this machine: {exc}")
     side = {"wan2.2-ti2v-5b": (704, 1280), "wan2.2-t2v-a14b": (480, 832)}[name]
-    cfg = apply_overrides(get_preset(f"{FAMILY[name]}-sol-rl"), TINY_RUN + [
+    mode = "diffusion-nft" if "a14b" in name else "sol-rl"
+    cfg = apply_overrides(get_preset(f"{FAMILY[name]}-{mode}"), TINY_RUN + [
         f"model.path={root}", "model.frames=17", f"model.height={side[0]}", f"model.width={side[1]}",
         "rollout.micro_batch=1", "train.micro_batch=1"]).validate()
     sess = Session.build(cfg)
