@@ -4,6 +4,8 @@ Layout of `RUN/checkpoints/epoch_NNNN/`:
   adapters.safetensors   "<adapter>/<diffusers LoRA key>" for default, old and ema
   optimizer.safetensors  AdamW tensors as "state.<param index>.<name>"
   state.json             epoch, global step, adapter version, optimizer param groups and scalars
+  rollout_adapter.safetensors   rollout.staleness=1 only: the "old" adapter before the last update (version - 1),
+                         which the next epoch's rollouts are sampled with, as "old/<param index>" (layout order)
 All other randomness of a run is derived from (seed, epoch), so these files are the whole state.
 """
 
@@ -20,6 +22,8 @@ from safetensors.torch import load_file, save
 
 from solrl.adapters import LoraAdapters
 from solrl.adapters.wire import canonical_safetensors
+
+ROLLOUT_ADAPTER = "rollout_adapter.safetensors"
 
 
 def _opt_to_flat(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -46,8 +50,9 @@ def _opt_from_flat(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor],
 
 
 def save_checkpoint(run_dir: Path, epoch: int, adapters: LoraAdapters, opt: torch.optim.Optimizer,
-                    global_step: int, version: int) -> Path:
-    """Write epoch `epoch` (1-based count of finished epochs) atomically, then point `latest` at it."""
+                    global_step: int, version: int, rollout_adapter: list[torch.Tensor] | None = None) -> Path:
+    """Write epoch `epoch` (1-based count of finished epochs) atomically, then point `latest` at it.
+    `rollout_adapter` (rollout.staleness=1): the "old" adapter's tensors the next epoch's rollouts are sampled with."""
     ckpt_root = run_dir / "checkpoints"
     final = ckpt_root / f"epoch_{epoch:04d}"
     tmp = ckpt_root / f".tmp_epoch_{epoch:04d}"
@@ -59,6 +64,10 @@ def save_checkpoint(run_dir: Path, epoch: int, adapters: LoraAdapters, opt: torc
     tensors, meta = _opt_to_flat(opt)
     _write(tmp / "optimizer.safetensors", tensors, {"format": "solrl-optimizer"})
     state = {"epoch": epoch, "global_step": global_step, "adapter_version": version, "optimizer": meta}
+    if rollout_adapter is not None:
+        _write(tmp / ROLLOUT_ADAPTER, {f"old/{i}": t.detach().contiguous() for i, t in enumerate(rollout_adapter)},
+               {"format": "solrl-rollout-adapter", "version": str(version - 1)})
+        state["rollout_adapter_version"] = version - 1
     (tmp / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
@@ -89,6 +98,15 @@ def load_adapters(path: Path, adapters: LoraAdapters, names: tuple[str, ...] | N
     for name in names or adapters.ADAPTERS:
         pre = f"{name}/"
         adapters.load_state_dict(name, {k[len(pre):]: v for k, v in flat.items() if k.startswith(pre)})
+
+
+def load_rollout_adapter(path: Path) -> list[torch.Tensor] | None:
+    """The rollout adapter a checkpoint holds (save_checkpoint's `rollout_adapter`), None if it holds none."""
+    f = path / ROLLOUT_ADAPTER
+    if not f.exists():
+        return None
+    flat = load_file(str(f))
+    return [flat[f"old/{i}"] for i in range(len(flat))]
 
 
 def load_checkpoint(path: Path, adapters: LoraAdapters, opt: torch.optim.Optimizer) -> dict[str, Any]:

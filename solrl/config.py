@@ -95,6 +95,10 @@ class RolloutConfig:
     # solver. 0 = deterministic ODE rollouts, which is what nft trains on (and flow_grpo cannot: no log-probs).
     sde_eta: float = 0.0
     proxy: ProxyConfig = field(default_factory=ProxyConfig)  # explore_precision.backend = "auto"
+    # pipelined epochs: 0 = on-policy (epoch e's rollouts sampled with the adapter after e-1 updates); 1 = epoch
+    # e+1's rollouts are sampled with the adapter before epoch e's update, so in the services mode they are
+    # produced while the trainer trains epoch e (docs/method.md, "Pipelined epochs")
+    staleness: int = 0
 
 
 @dataclass
@@ -196,6 +200,7 @@ class RunConfig:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
         self._validate_algo()
         self._validate_video()
+        self._validate_staleness()
         if t.optimizer_steps_per_epoch < 0:
             raise ConfigError(f"train.optimizer_steps_per_epoch must be >= 0 (0: one per prompt group), "
                               f"got {t.optimizer_steps_per_epoch}")
@@ -249,6 +254,16 @@ class RunConfig:
             raise ConfigError(f"train.clip_range must be a finite float > 0, got {t.clip_range}")
         if t.reward_threshold is not None and not math.isfinite(t.reward_threshold):
             raise ConfigError(f"train.reward_threshold must be a finite float or none, got {t.reward_threshold}")
+
+    def _validate_staleness(self) -> None:
+        r = self.rollout
+        if isinstance(r.staleness, bool) or r.staleness not in (0, 1):
+            raise ConfigError(f"rollout.staleness must be 0 (on-policy) or 1 (epoch e+1's rollouts sampled with the "
+                              f"adapter before epoch e's update), got {r.staleness!r}")
+        if r.staleness and r.explore_precision.backend == "auto":
+            raise ConfigError("rollout.staleness=1 with rollout.explore_precision.backend=auto: the adaptive proxy's "
+                              "decisions after epoch e would reach the explorers only for epoch e+2; use a fixed "
+                              "explore precision or rollout.staleness=0")
 
     def _validate_video(self) -> None:
         """A video model's clip and rewards; the video settings are refused for an image model."""

@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from solrl.checkpoint import (
     latest_checkpoint,
     load_adapters,
     load_checkpoint,
+    load_rollout_adapter,
     save_checkpoint,
     saved_epochs,
 )
@@ -73,6 +75,9 @@ class Session:
     proxy: Any = None            # ProxyController when rollout.explore_precision.backend is "auto"
     calibrations: list | None = None
     local_explorer: bool = True  # False: the explorer services sample (the trainer tells them the proxy)
+    # rollout.staleness=1: the "old" adapter as it was before the last update (version - 1), which the next
+    # epoch's rollouts are sampled with; None before the first update (epoch 1 samples with version 0)
+    rollout_old: list[torch.Tensor] | None = None
 
     @classmethod
     def build(cls, cfg: RunConfig, local_explorer: bool = True) -> Session:
@@ -188,22 +193,88 @@ class Session:
             self._build_explorer()
         rec.update(self.proxy.state())
 
+    # ---------------------------------------------------------------- pipelined epochs (rollout.staleness)
+    def rollout_version(self) -> int:
+        """The adapter version this epoch's rollouts are sampled with: the current one (staleness 0), or with
+        rollout.staleness=1 the one before the last update (version 0 until there was one)."""
+        return self.version - 1 if self.rollout_old is not None else self.version
+
+    def keep_rollout_adapter(self) -> None:
+        """Before an update (staleness 1): keep the "old" adapter the rollouts are sampled with now, for the next
+        epoch's rollouts (the services mode samples them with it while the trainer trains this epoch)."""
+        if self.cfg.rollout.staleness:
+            self.rollout_old = [p.detach().clone() for p in self.adapters.parameters("old")]
+
+    def resume_rollout_adapter(self, ckpt: Path, log=print) -> None:
+        """staleness 1: the adapter the next epoch's rollouts are sampled with, from the checkpoint (a checkpoint of
+        a staleness-0 run has none: its next epoch then samples with the current adapter, once)."""
+        if not self.cfg.rollout.staleness or self.version == 0:
+            return
+        state = load_rollout_adapter(ckpt)
+        if state is None:
+            log(f"rollout.staleness=1: {ckpt} holds no rollout adapter (saved with rollout.staleness=0); the next "
+                f"epoch samples with the current adapter (version {self.version})")
+            return
+        self.rollout_old = state
+
+    @contextmanager
+    def sampling_adapter(self):
+        """Inside: the "old" adapter is the one this epoch's rollouts are sampled with (rollout_version()); the
+        trainer's own is put back, bit for bit, on the way out. Nothing changes with staleness 0."""
+        if self.rollout_old is None:
+            yield
+            return
+        params = self.adapters.parameters("old")
+        own = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            for p, v in zip(params, self.rollout_old, strict=True):
+                p.copy_(v)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, v in zip(params, own, strict=True):
+                    p.copy_(v)
+
     # ---------------------------------------------------------------- one epoch
     def sync(self) -> float:
         """Push the "old" adapter to the inference copies (merge + requantize)."""
         t0 = time.perf_counter()
         if self.explorer is not None:
-            self.explorer.sync(self.adapters.merged_weights("old"), self.version)
+            self.explorer.sync(self.adapters.merged_weights("old"), self.rollout_version())
         return time.perf_counter() - t0
 
     def epoch(self, epoch: int, on_stage=lambda stage: None) -> dict[str, Any]:
         """One epoch; `on_stage(name)` is called as each stage starts (for a progress display)."""
         cfg, r = self.cfg, self.cfg.rollout
         rng, tgen = epoch_rng(cfg.seed, epoch, 0)
+        rec: dict[str, Any] = {"epoch": epoch + 1, "adapter_version": self.rollout_version(), "mode": r.mode}
+        if r.staleness:
+            rec["train.adapter_version"] = self.version  # the adapter the update starts from
+        with self.sampling_adapter():
+            data_x0, data_r, data_p, group, data_traj, data_lp = self.rollouts(rng, tgen, rec, on_stage)
+
+        t0 = time.perf_counter()
+        on_stage("train")
+        if self.trainer.ranks.parallel:  # data-parallel: the other ranks train on this batch too (Session.follow)
+            ddp.share_batch(self.trainer.ranks, epoch, tgen, data_x0, data_r, group, data_p)
+        batch = Batch(data_x0, self.cache(data_p), np.asarray(data_r, dtype=np.float32), group, data_traj, data_lp)
+        self.keep_rollout_adapter()
+        rec.update(self.trainer.update(batch, tgen))
+        self.version += 1
+        rec["time_train_s"] = time.perf_counter() - t0
+        rec["time_epoch_s"] = rec["time_sync_s"] + rec["time_explore_s"] + rec["time_regenerate_s"] + rec["time_train_s"]
+        return rec
+
+    def rollouts(self, rng: np.random.Generator, tgen: torch.Generator, rec: dict[str, Any],
+                 on_stage=lambda stage: None) -> tuple:
+        """One epoch's rollouts with the "old" adapter as it is (`epoch` wraps this in `sampling_adapter`): the
+        prompts and seed pools drawn from the epoch's `rng`, sync, explore, select, regenerate. Returns (x0, rewards,
+        prompts, groups, trajectories, log-probs) of the trained samples; the stage metrics go into `rec`."""
+        r = self.cfg.rollout
         prompts = self.prompt_sampler(rng, r.prompts_per_epoch)
         pool = r.kept if r.mode == "diffusion_nft" else r.pool
         seeds = rng.integers(0, 2**31 - 1, size=(len(prompts), pool)).tolist()
-        rec: dict[str, Any] = {"epoch": epoch + 1, "adapter_version": self.version, "mode": r.mode}
         on_stage("sync")
         rec["time_sync_s"] = self.sync()
         mb = r.micro_batch
@@ -258,17 +329,7 @@ class Session:
         if r.mode != "diffusion_nft":
             rec.update(selection_contrast(np.asarray(data_r).reshape(len(prompts), r.kept), r.selection))
         rec["forwards_rollout_total"] = rec.get("forwards_explore", 0) + rec["forwards_regenerate"]
-
-        t0 = time.perf_counter()
-        on_stage("train")
-        if self.trainer.ranks.parallel:  # data-parallel: the other ranks train on this batch too (Session.follow)
-            ddp.share_batch(self.trainer.ranks, epoch, tgen, data_x0, data_r, group, data_p)
-        batch = Batch(data_x0, self.cache(data_p), np.asarray(data_r, dtype=np.float32), group, data_traj, data_lp)
-        rec.update(self.trainer.update(batch, tgen))
-        self.version += 1
-        rec["time_train_s"] = time.perf_counter() - t0
-        rec["time_epoch_s"] = rec["time_sync_s"] + rec["time_explore_s"] + rec["time_regenerate_s"] + rec["time_train_s"]
-        return rec
+        return data_x0, data_r, data_p, group, data_traj, data_lp
 
     def follow(self, epoch: int) -> None:
         """Epoch `epoch` on a data-parallel rank > 0: rank 0's rollouts (and its generator's state), then this
@@ -347,6 +408,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
             raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}")
         state = load_checkpoint(ckpt, sess.adapters, sess.trainer.opt)
         start, sess.trainer.global_step, sess.version = state["epoch"], state["global_step"], state["adapter_version"]
+        sess.resume_rollout_adapter(ckpt, log)
         log(f"resuming {run_dir} after epoch {start}")
     sess.trainer.data_parallel(ranks)
     if not ranks.is_main:
@@ -382,7 +444,8 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         sess.after_epoch(done, rec, run_dir, log)
         writer.write(rec)
         if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):
-            save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version)
+            save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version,
+                            rollout_adapter=sess.rollout_old)
         bar.set_postfix(reward=f"{rec['rollout.reward_mean']:.3f}", loss=f"{rec.get('train.loss', 0):.4f}")
     writer.close()
     records = read_metrics(run_dir / "metrics.jsonl")
