@@ -13,6 +13,7 @@ and group names here are the pipeline's contract; the service workers (services.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -61,6 +62,38 @@ def job_id_for(run_id: str, epoch: int, prompt_index: int) -> str:
 
 
 @dataclass
+class EpochJobs:
+    """One epoch's published ExploreJobs: what the driver collects and trains on."""
+
+    epoch: int
+    prompts: list[str]
+    jobs: dict[str, int]          # job id -> prompt index
+    published: dict[str, str]     # job id -> explore stream message id
+    version: int                  # the adapter version the jobs are sampled with
+    cand: Any = None              # the adaptive proxy's candidate the jobs name (None: the explorers' own)
+
+
+def check_versions(rolls: list[Any], version: int, epoch: int, require_explorer: bool = False) -> None:
+    """Every rollout was regenerated (and, where recorded, explored) with adapter `version`, the one its epoch's
+    jobs asked for; RuntimeError naming the versions found otherwise. require_explorer: the explorer's version
+    must be recorded (Rollout.explore_adapter_version; rollout.staleness=1)."""
+    found = set()
+    for ro in rolls:
+        found.add(("regenerator", ro.adapter_version.version))
+        if ro.HasField("explore_adapter_version"):
+            found.add(("explorer", ro.explore_adapter_version.version))
+        elif require_explorer:
+            raise RuntimeError(f"rollout {ro.job_id} (seed {ro.seed}) does not record the explorer's adapter version "
+                               f"(Rollout.explore_adapter_version): rollout.staleness=1 needs regenerators that "
+                               f"forward it (update them)")
+    wrong = sorted(f for f in found if f[1] != version)
+    if wrong:
+        raise RuntimeError(f"epoch {epoch + 1}: rollouts sampled with adapter versions "
+                           f"{', '.join(f'{v} ({who})' for who, v in wrong)}, its jobs asked for exactly {version} "
+                           f"(a rollout service that was pushed or fetched another version meanwhile)")
+
+
+@dataclass
 class DriverStatus:
     """Where the run stands (what the trainer service's Status RPC reports)."""
 
@@ -95,36 +128,46 @@ class RemoteSession:
         self.run_id, self.rollout_timeout_s, self.block_ms = run_id, float(rollout_timeout_s), int(block_ms)
         self.pickup_timeout_s = pickup_timeout_s
         self.status = DriverStatus(run_id)
+        self.pending: EpochJobs | None = None  # rollout.staleness=1: the next epoch's jobs, sampled meanwhile
         ensure_pipeline(queue)
 
     # ---------------------------------------------------------------- one epoch
-    def sync(self) -> float:
-        """Push the "old" adapter at the current version to every rollout service (version 0 = base)."""
+    def sync(self, rollout: bool = False) -> float:
+        """Push the "old" adapter at the current version to every rollout service (version 0 = base).
+        rollout=True (rollout.staleness=1, an attempt's first epoch): the adapter that epoch's rollouts are
+        sampled with instead, one version behind the trainer's (Session.rollout_version)."""
         t0 = time.perf_counter()
-        version = self.sess.version
-        if version == 0:
-            base, old = self.sess.adapters.merged_weights(None), self.sess.adapters.merged_weights("old")
-            if any(not torch.equal(base[k], old[k]) for k in base):
-                raise ValueError("adapter version 0 must be the base model (LoRA B initialised to zero); "
-                                 f"lora.init={self.sess.cfg.lora.init!r} gives a non-zero initial adapter")
-            return time.perf_counter() - t0
-        data = encode_adapter(self.sess.adapters.state_dict("old"), version, self.sess.adapters.spec)
+        sess = self.sess
+        version = sess.rollout_version() if rollout else sess.version
+        with sess.sampling_adapter() if rollout else contextlib.nullcontext():
+            if version == 0:
+                base, old = sess.adapters.merged_weights(None), sess.adapters.merged_weights("old")
+                if any(not torch.equal(base[k], old[k]) for k in base):
+                    raise ValueError("adapter version 0 must be the base model (LoRA B initialised to zero); "
+                                     f"lora.init={sess.cfg.lora.init!r} gives a non-zero initial adapter")
+                return time.perf_counter() - t0
+            data = encode_adapter(sess.adapters.state_dict("old"), version, sess.adapters.spec)
         sha = sha256_hex(data)
-        self.push_adapter(data, version, sha)
+        try:
+            self.push_adapter(data, version, sha)
+        except RuntimeError as exc:
+            if not rollout:
+                raise
+            raise RuntimeError(f"{exc} -- rollout.staleness=1: the resumed epoch {self.status.epoch + 1}'s rollouts "
+                               f"must be sampled with adapter version {version}, one behind the checkpoint's "
+                               f"{sess.version}, and a rollout service already serves a newer one (pushed before the "
+                               f"trainer stopped): restart the rollout services too") from None
         self.status.adapter_sha256 = sha
         return time.perf_counter() - t0
 
-    def epoch(self, epoch: int) -> dict[str, Any]:
+    def publish(self, epoch: int, version: int) -> EpochJobs:
+        """Publish epoch `epoch`'s ExploreJobs (one per prompt), to be sampled with adapter `version`."""
         from solrl.pb.solrl.common.v1 import common_pb2
 
         sess, cfg, r = self.sess, self.sess.cfg, self.sess.cfg.rollout
-        rng, tgen = epoch_rng(cfg.seed, epoch, 0)  # the embedded loop's draws, in the same order
+        rng, _ = epoch_rng(cfg.seed, epoch, 0)  # the embedded loop's draws, in the same order
         prompts = sess.prompt_sampler(rng, r.prompts_per_epoch)
         seeds = rng.integers(0, 2**31 - 1, size=(len(prompts), r.pool)).tolist()
-        rec: dict[str, Any] = {"epoch": epoch + 1, "adapter_version": sess.version, "mode": r.mode}
-        rec["time_sync_s"] = self.sync()
-
-        t0 = time.perf_counter()
         sampler = common_pb2.SamplerSpec(solver=sess.sampler.solver, steps=r.steps, shift=sess.sampler.shift,
                                          guidance=sess.sampler.guidance,
                                          sde_eta=r.sde_eta if cfg.train.algo == "flow_grpo" else 0.0)
@@ -135,20 +178,52 @@ class RemoteSession:
             from solrl.proxy import parse_candidate
 
             cand = parse_candidate(sess.proxy.current)
-            rec["explore.proxy"] = sess.proxy.current
         for job_id, p in jobs.items():
             job = common_pb2.ExploreJob(job_id=job_id, run_id=self.run_id, prompt=prompts[p], seeds=seeds[p],
                                         steps=sess.explore_steps(), kept=r.kept, selection=r.selection,
-                                        min_adapter_version=sess.version, sampler=sampler,
+                                        min_adapter_version=version, sampler=sampler,
                                         precision=cand.backend if cand else "",
                                         precision_policy=cand.policy if cand else "")
             published[job_id] = self.queue.publish(STREAM_EXPLORE, job.SerializeToString(), key=job_id,
                                                    timeout_s=self.rollout_timeout_s)
-        got = self.collect(jobs, r.kept, published)
+        return EpochJobs(epoch, prompts, jobs, published, version, cand)
+
+    def epoch(self, epoch: int) -> dict[str, Any]:
+        """One epoch. rollout.staleness=0: push the adapter, publish this epoch's jobs, collect, train.
+        rollout.staleness=1: collect this epoch's rollouts (published during the previous epoch, or now on an
+        attempt's first epoch), push the current adapter, publish the next epoch's jobs, then train: the rollout
+        services sample epoch e+1 with the adapter before epoch e's update while the trainer trains epoch e. The
+        next adapter is pushed only once every rollout of the jobs in flight is in, so each is sampled with one
+        version (checked: explorer and regenerator record it in every Rollout)."""
+        sess, cfg, r = self.sess, self.sess.cfg, self.sess.cfg.rollout
+        _, tgen = epoch_rng(cfg.seed, epoch, 0)
+        pend = self.pending if self.pending is not None and self.pending.epoch == epoch else None
+        self.pending = None
+        rec: dict[str, Any] = {"epoch": epoch + 1, "adapter_version": pend.version if pend else sess.rollout_version(),
+                               "mode": r.mode}
+        if r.staleness:
+            rec["train.adapter_version"] = sess.version
+        rec["time_sync_s"] = self.sync(rollout=bool(r.staleness)) if pend is None else 0.0
+
+        t0 = time.perf_counter()
+        if pend is None:
+            pend = self.publish(epoch, sess.rollout_version())
+        prompts, cand = pend.prompts, pend.cand
+        if cand is not None:
+            rec["explore.proxy"] = sess.proxy.current
+        got = self.collect(pend.jobs, r.kept, pend.published)
         rec["time_rollout_s"] = time.perf_counter() - t0
 
         order = sorted(got)  # (prompt index, kept position): the embedded loop's order
         rolls = [got[key] for key in order]
+        check_versions(rolls, pend.version, epoch, require_explorer=bool(r.staleness))
+        if r.staleness and epoch + 1 < cfg.epochs:
+            # every rollout of the jobs in flight is in: the services move to the current adapter and sample the next
+            # epoch with it while this one trains
+            t1 = time.perf_counter()
+            self.sync()
+            self.pending = self.publish(epoch + 1, sess.version)
+            rec["time_sync_s"] += time.perf_counter() - t1
         wrong = sorted({ro.proxy for ro in rolls if ro.proxy != cand.label}) if cand else []
         if wrong:
             raise RuntimeError(f"epoch {epoch + 1}: the explorers sampled with {wrong}, the adaptive proxy asked "
@@ -168,6 +243,7 @@ class RemoteSession:
         if sess.trainer.ranks.parallel:  # data-parallel: the other ranks train on this batch too (Session.follow)
             ddp.share_batch(sess.trainer.ranks, epoch, tgen, x0, rewards, group, per_sample)
         batch = Batch(x0, sess.cache(per_sample), rewards, group, traj, log_probs)
+        sess.keep_rollout_adapter()
         rec.update(sess.trainer.update(batch, tgen))
         sess.version += 1
         rec["time_train_s"] = time.perf_counter() - t0
@@ -287,6 +363,7 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
             raise FileNotFoundError(f"resume: no checkpoint in {run_dir / 'checkpoints'}")
         state = load_checkpoint(ckpt, sess.adapters, sess.trainer.opt)
         start, sess.trainer.global_step, sess.version = state["epoch"], state["global_step"], state["adapter_version"]
+        sess.resume_rollout_adapter(ckpt, log)
         attempt_id = f"{run_id}-r{uuid.uuid4().hex[:8]}"
         log(f"resuming {run_dir} after epoch {start} (adapter version {sess.version}); jobs {attempt_id}-*")
     sess.trainer.data_parallel(ranks)
@@ -330,7 +407,8 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
             on_record(rec)
             st.history.append(rec)
             if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):
-                save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version)
+                save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version,
+                                rollout_adapter=sess.rollout_old)
             log(f"epoch {done}/{cfg.epochs}: reward {rec['rollout.reward_mean']:.4f}, "
                 f"loss {rec.get('train.loss', float('nan')):.4f}, {rec['time_epoch_s']:.1f} s")
         writer.close()
@@ -353,8 +431,10 @@ __all__ = [
     "STREAM_REGENERATE",
     "STREAM_ROLLOUTS",
     "DriverStatus",
+    "EpochJobs",
     "PushAdapter",
     "RemoteSession",
+    "check_versions",
     "collect_rollouts",
     "ensure_pipeline",
     "job_id_for",

@@ -71,7 +71,8 @@ class RegeneratorServicer(regenerator_pb2_grpc.RegeneratorServicer):
         rollouts = [common_pb2.Rollout(job_id=sel.job_id, prompt=sel.prompt, seed=seed, x0=torch_to_tensor(x0),
                                        reward=float(reward), adapter_version=version,
                                        proxy_reward=sel.proxy_scores[i] if sel.proxy_scores else 0.0,
-                                       **sde_rollout_fields(out, j, sampler))
+                                       explore_adapter_version=sel.adapter_version if sel.HasField("adapter_version")
+                                       else None, **sde_rollout_fields(out, j, sampler))
                     for j, (i, seed, x0, reward) in enumerate(zip(kept, out.seeds, out.x0, out.rewards))]
         response = regenerator_pb2.RegenerateResponse(rollouts=rollouts)
         if request.return_images:
