@@ -20,6 +20,7 @@ from test_distributed import model_dir, planes, queue  # noqa: F401  (fixtures)
 from test_flow_grpo import RATIO_TOL
 from test_loop import random_model_dir, tiny_cfg  # noqa: F401  (a module-scoped fixture)
 
+from services.common.metrics import ServiceMetrics, TrainingMetrics
 from services.common.workers import explorer_worker, regenerator_worker
 from solrl.checkpoint import latest_checkpoint, load_adapters
 from solrl.config import ConfigError, RunConfig, apply_overrides, get_preset
@@ -207,13 +208,16 @@ def run_services(cfg, queue, out, run_id):  # noqa: F811
         remote.sess.trainer.update, remote.collect, remote.publish = timed_update, versions_collect, timed_publish
 
     workers = [explorer_worker(queue, explorer, block_ms=50), regenerator_worker(queue, regenerator, block_ms=50)]
+    training = TrainingMetrics(ServiceMetrics("trainer"), run_id, cfg.epochs)  # the trainer service's gauges
     for w in workers:
         w.start()
     try:
-        run_distributed(cfg, out, queue, push, run_id=run_id, rollout_timeout_s=120, log=quiet, on_session=on_session)
+        run_distributed(cfg, out, queue, push, run_id=run_id, rollout_timeout_s=120, log=quiet, on_session=on_session,
+                        on_record=training.observe_epoch)
     finally:
         for w in workers:
             w.stop()
+    assert training.adapter_version.labels(run_id)._value.get() == cfg.epochs  # the trainer's, not the rollouts'
     return calls, pushes, updates, recorded, published
 
 

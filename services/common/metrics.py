@@ -122,8 +122,10 @@ class TrainingMetrics:
         if "epoch" in rec:
             self.epoch.labels(run).set(rec["epoch"])
         if "adapter_version" in rec:
-            # the record's version is the one the epoch sampled with; training made the next one
-            self.adapter_version.labels(run).set(rec["adapter_version"] + (1 if rec.get("epoch", 0) > 0 else 0))
+            # the record's version is the one the epoch sampled with (with rollout.staleness=1 one behind the trainer's,
+            # train.adapter_version); training made the next one
+            held = rec.get("train.adapter_version", rec["adapter_version"])
+            self.adapter_version.labels(run).set(held + (1 if rec.get("epoch", 0) > 0 else 0))
         for key, gauge in (("train.global_step", self.optimizer_step), ("train.loss", self.loss),
                            ("train.kl", self.kl), ("train.grad_norm", self.grad_norm),
                            ("proxy_kendall_tau", self.proxy_tau), ("proxy_gap", self.proxy_gap)):
