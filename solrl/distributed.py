@@ -5,6 +5,8 @@ one ExploreJob per prompt to `explore`, collect exactly P * k Rollouts from `rol
 by their idempotency key), then train with the same `NFTTrainer.update` as the embedded loop.
 Prompts, seed pools and the training generator come from the same `epoch_rng(seed, epoch, 0)`, so
 with the same config the distributed run follows the embedded one. Transport-free: it takes a Queue.
+With rollout.staleness=1 the epochs are pipelined: epoch e+1's jobs are published (for the adapter before epoch
+e's update) before epoch e is trained, so the rollout services sample them meanwhile (`RemoteSession.epoch`).
 
 Supported mode: sol_rl (explore -> select -> regenerate), with train.algo nft or flow_grpo (the regenerators
 then sample with the SDE, SamplerSpec.sde_eta, and each Rollout carries its trajectory and log-probs). The stream
