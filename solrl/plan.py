@@ -601,7 +601,7 @@ class Layout:
     reward: int
     stage_s: dict[str, float]   # explore, regenerate, rollout, train
     epoch_s: float
-    pipelined_s: float          # with rollout.staleness = 1 (rollouts of e+1 beside training of e; not built yet):
+    pipelined_s: float          # with rollout.staleness = 1 (rollouts of e+1 beside training of e):
                                 # the same as epoch_s when the stages share the GPUs
     memory_gb: dict[str, float]  # per GPU, by role (colocated: one entry)
     fits: bool
@@ -904,12 +904,12 @@ def format_plan(p: Plan) -> str:
     lines += ["", f"best: {p.best.label}: {seconds_text(p.best.epoch_s)} s per epoch; memory per GPU "
               + _roles_text(p.best.memory_gb, gpu.hbm_gb)]
     if p.pipelined is not None:
-        lines.append(f"with rollout.staleness = 1 (not built yet) the best split would be {p.pipelined.label}: "
+        lines.append(f"with rollout.staleness = 1 the best split would be {p.pipelined.label}: "
                      f"{seconds_text(p.pipelined.pipelined_s)} s per epoch")
     if p.recipe.eval_every:
         lines.append(f"eval: {seconds_text(p.eval_s)} s on one GPU every {p.recipe.eval_every} epochs (not in the epoch)")
     lines.append("stale 1: the epoch if rollouts of epoch e+1 ran beside training of epoch e on other GPUs "
-                 "(rollout.staleness = 1, not built yet)")
+                 "(rollout.staleness = 1)")
     lines += [f"note: {n}" for n in p.notes]
     return "\n".join(lines)
 
