@@ -64,6 +64,14 @@ class NFTTrainer:
             self.ddp = ddp.wrap(self.model, [p for name in self.adapters.ADAPTERS
                                              for p in self.adapters.parameters(name)])
 
+    def optimizer_step(self) -> float:
+        """Clip the accumulated gradients, step, and move the EMA adapter; returns the gradient norm."""
+        gn = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.opt.step()
+        self.global_step += 1
+        lerp_params_(self.adapters.parameters("ema"), self.params, ema_decay(self.global_step, self.cfg.ema_decay))
+        return float(gn)
+
     def old_decay(self, step: int) -> float:
         return min(self.cfg.old_decay_rate * step, self.cfg.old_decay_cap)
 
@@ -168,11 +176,7 @@ class NFTTrainer:
                     sums[k] = sums.get(k, 0.0) + float(val) * len(idx)
                 rows_seen += len(idx)
                 forwards += 1
-            gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
-            grad_norms.append(float(gn))
-            self.opt.step()
-            self.global_step += 1
-            lerp_params_(self.adapters.parameters("ema"), self.params, ema_decay(self.global_step, cfg.ema_decay))
+            grad_norms.append(self.optimizer_step())
         lerp_params_(self.adapters.parameters("old"), self.params, self.old_decay(self.global_step))
         if self.ranks.parallel:  # the metrics over every rank's rows, as one process reports them
             sums, rows_seen, forwards = ddp.sum_stats(sums, rows_seen, forwards)
@@ -270,11 +274,7 @@ class FlowGRPOTrainer(NFTTrainer):
                     sums[key] = sums.get(key, 0.0) + float(val) * len(idx)
                 rows_seen += len(idx)
                 forwards += 1
-            gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
-            grad_norms.append(float(gn))
-            self.opt.step()
-            self.global_step += 1
-            lerp_params_(self.adapters.parameters("ema"), self.params, ema_decay(self.global_step, cfg.ema_decay))
+            grad_norms.append(self.optimizer_step())
         with torch.no_grad():  # the next epoch samples with the policy as it is now: "old" = an exact copy
             for old, new in zip(self.adapters.parameters("old"), self.params, strict=True):
                 old.copy_(new)
