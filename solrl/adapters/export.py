@@ -39,6 +39,18 @@ def expert_state(state: Mapping[str, Tensor], expert: str) -> dict[str, Tensor]:
     return out
 
 
+def _state_and_spec(adapter: bytes | Mapping[str, Tensor], spec: LoraSpec | None) -> tuple[dict[str, Tensor], LoraSpec]:
+    """Adapter bytes (spec from their metadata) or a state dict with its spec, validated as the wire does."""
+    if isinstance(adapter, (bytes, bytearray, memoryview)):
+        if spec is not None:
+            raise ValueError("spec comes from the adapter bytes' metadata; pass spec only with a state dict")
+        payload = decode_adapter(bytes(adapter))
+        return payload.state, payload.spec
+    if not isinstance(spec, LoraSpec):
+        raise TypeError("a state dict needs its LoraSpec (spec=...) for the rank / alpha metadata")
+    return decode_adapter(encode_adapter(adapter, 0, spec)).state, spec  # the same validation as the wire
+
+
 def export_diffusers_lora(adapter: bytes | Mapping[str, Tensor], out: str | Path, spec: LoraSpec | None = None,
                           dtype: str = "fp32", expert: str | None = None) -> Path:
     """Write `adapter` (solrl adapter bytes, or a state dict plus its `spec`) to `out` as a diffusers LoRA.
@@ -50,15 +62,7 @@ def export_diffusers_lora(adapter: bytes | Mapping[str, Tensor], out: str | Path
     """
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    if isinstance(adapter, (bytes, bytearray, memoryview)):
-        if spec is not None:
-            raise ValueError("spec comes from the adapter bytes' metadata; pass spec only with a state dict")
-        payload = decode_adapter(bytes(adapter))
-        state, spec = payload.state, payload.spec
-    else:
-        if not isinstance(spec, LoraSpec):
-            raise TypeError("a state dict needs its LoraSpec (spec=...) for the rank / alpha metadata")
-        state = decode_adapter(encode_adapter(adapter, 0, spec)).state  # the same validation as the wire
+    state, spec = _state_and_spec(adapter, spec)
     if expert is not None:
         state = expert_state(state, expert)
     out = Path(out)
@@ -80,13 +84,7 @@ def export_expert_loras(adapter: bytes | Mapping[str, Tensor], out_dir: str | Pa
     ``pipe.load_lora_weights(out_dir, weight_name="pytorch_lora_weights.safetensors")`` and
     ``pipe.load_lora_weights(out_dir, weight_name="pytorch_lora_weights_transformer_2.safetensors",
     load_into_transformer_2=True)``. Every tensor of the adapter must belong to one of `experts`."""
-    if isinstance(adapter, (bytes, bytearray, memoryview)):
-        if spec is not None:
-            raise ValueError("spec comes from the adapter bytes' metadata; pass spec only with a state dict")
-        payload = decode_adapter(bytes(adapter))
-        state, spec = payload.state, payload.spec
-    else:
-        state = dict(adapter)
+    state, spec = _state_and_spec(adapter, spec)
     stray = sorted(k for k in state if not any(k.startswith(f"{PREFIX}.{e}.") for e in experts))
     if stray:
         raise ValueError(f"{len(stray)} adapter key(s) belong to none of the experts {experts}, e.g. {stray[:2]}")
