@@ -451,7 +451,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         "else the cores shared out; finished runs under --out are reused")
     b.add_argument("--modes", default=None,
                    help="curve: comma-separated modes to train (default the paper's four; sol_rl_auto: sol_rl with "
-                        "the adaptive proxy)")
+                        "the adaptive proxy; flow_grpo / sol_flow_grpo: FlowGRPO one- / two-stage)")
     b.add_argument("--compare", default=None,
                    help="curve: an earlier curve JSON measured with the same settings whose modes are set beside these")
     b.set_defaults(fn=cmd_bench)

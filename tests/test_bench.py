@@ -131,6 +131,51 @@ def test_curve_interval_and_cost_model():
     assert forward_cost("bf16", 0.4) == 1.0
 
 
+def test_curve_prices_flow_grpo_and_reads_modes_at_equal_cost():
+    from solrl.bench.curve import MODES, at_equal_cost, claims, markdown, pair_cost
+    from solrl.config import apply_overrides, get_preset
+
+    def cost(mode, *sets):  # apply_overrides sets the preset's fields in place: a fresh preset each time
+        return pair_cost(apply_overrides(get_preset(MODES[mode][0]), list(sets)))
+
+    grpo = get_preset(MODES["sol_flow_grpo"][0])
+    assert grpo.train.algo == "flow_grpo" and get_preset(MODES["flow_grpo"][0]).rollout.pool == grpo.rollout.kept
+    assert (cost("sol_rl"), cost("sol_rl", "train.kl_beta=0")) == (5.0, 4.0)
+    # FlowGRPO: trainable forward + backward (3) and the KL reference (1); CFG adds an unconditional forward to each
+    assert (cost("sol_flow_grpo"), cost("flow_grpo", "train.kl_beta=0")) == (4.0, 3.0)
+    assert cost("sol_flow_grpo", "sampler.guidance=4.5") == 6.0
+
+    def mode(costs, *rewards_per_run):
+        runs = [{"points": [{"epoch": i, "cost_bf16_fwd": c, "reward": r} for i, (c, r) in enumerate(zip(costs, rs))]}
+                for rs in rewards_per_run]
+        final = {"cost_bf16_fwd": costs[-1], "reward_mean": float(np.mean([rs[-1] for rs in rewards_per_run])),
+                 "reward_ci95": 0.0}
+        return {"runs": runs, "final": final, "before": {"reward_mean": 0.5}, "epochs": [], "cost_per_epoch": costs[1],
+                "train_wall_s": 1.0, "epochs_to_nft_final": None, "cost_to_nft_final": None}
+
+    # flow_grpo's epochs cost 100, diffusion_nft's 200: both are read at 200 (nft's final point, flow_grpo's epoch 2)
+    modes = {"flow_grpo": mode([0, 100, 200, 300], [0.5, 0.6, 0.70, 0.9], [0.5, 0.6, 0.71, 0.9], [0.5, 0.6, 0.72, 0.9]),
+             "diffusion_nft": mode([0, 200], [0.5, 0.60], [0.5, 0.61], [0.5, 0.62])}
+    modes["flow_grpo"]["runs"][2]["points"][2]["cost_bf16_fwd"] = 150  # interpolated at 200: 0.72 + (0.9 - 0.72) / 3
+    at_equal_cost(modes)
+    a, b = modes["flow_grpo"]["at_budget"], modes["diffusion_nft"]["at_budget"]
+    assert a["cost_bf16_fwd"] == b["cost_bf16_fwd"] == 200 and (a["epochs"], b["epochs"]) == (2.0, 1.0)
+    assert a["rewards"] == [0.7, 0.71, 0.78] and b["rewards"] == [0.6, 0.61, 0.62]
+    assert b["reward_ci95"] == pytest.approx(4.302653 * 0.01 / np.sqrt(3), abs=1e-4)  # rounded to 4 places
+    modes["flow_grpo"]["runs"][2]["points"][2]["cost_bf16_fwd"] = 200
+    at_equal_cost(modes)
+    assert modes["flow_grpo"]["at_budget"]["reward_mean"] == pytest.approx(0.71)
+    (line,) = claims(modes)  # one pair of the four ran: FlowGRPO against DiffusionNFT in one stage
+    assert line.startswith("FlowGRPO vs DiffusionNFT, one stage") and "flow_grpo is higher (intervals apart)" in line
+    modes["diffusion_nft"]["runs"][0]["points"][1]["reward"] = 0.8  # a wide interval: no longer apart
+    at_equal_cost(modes)
+    assert claims(modes)[0].endswith("same reward within the intervals")
+    md = markdown({"modes": {k: {**v, "epochs": [{"epoch": 0, "reward_mean": 0.5, "reward_ci95": 0.0}]}
+                             for k, v in modes.items()}, "reward": "shapes", "eval_reward": "shapes", "epochs": 3,
+                   "repeats": 3, "seed": 0, "eval_every": 1, "claims": claims(modes)})
+    assert "| reward at equal cost |" in md and "0.710 ± " in md and "(2.0 ep.)" in md
+
+
 def test_the_quantized_share_counts_linear_and_conv_work():
     """layer_macs counts what a forward executes: a Linear of 8->4 on 3x5 tokens is 3*5*8*4 MACs, a 3x3 conv of
     2->6 channels on 7x7 (padding 1) is 7*7*6 outputs x 2*9 inputs; the share is the selected layers' part."""

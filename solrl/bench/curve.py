@@ -42,6 +42,9 @@ MODES: dict[str, tuple[str, list[str]]] = {
     "sol_rl": ("shapes-sol-rl", []), "diffusion_nft": ("shapes-diffusion-nft", []),
     "naive_scaling": ("shapes-naive-scaling", []), "naive_quant": ("shapes-naive-quant", []),
     "sol_rl_auto": ("shapes-sol-rl", ["rollout.explore_precision.backend=auto"]),
+    # FlowGRPO (train.algo=flow_grpo) one stage (SDE rollouts in BF16, pool = kept) and two stage (the explorer
+    # ranks with the ODE in low precision, the kept seeds are regenerated with the SDE)
+    "flow_grpo": ("shapes-flow-grpo", []), "sol_flow_grpo": ("shapes-sol-flow-grpo", []),
 }
 
 
@@ -86,9 +89,20 @@ def epoch_cost(rec: dict[str, Any], cfg, share: float = 1.0, proxy_shares: dict[
         backend, share = parse_candidate(rec["explore.proxy"]).backend, (proxy_shares or {})[rec["explore.proxy"]]
     explore = rec.get("forwards_explore", 0) * forward_cost(backend, share)
     regen = rec.get("forwards_regenerate", 0) * forward_cost(cfg.rollout.precision.backend)
-    per_pair = 5.0 if cfg.train.kl_beta > 0 else 4.0
     k = timestep_count(cfg.rollout.steps, cfg.train.timestep_fraction)
-    return explore + regen + rec.get("train.samples", 0) * k * per_pair
+    return explore + regen + rec.get("train.samples", 0) * k * pair_cost(cfg)
+
+
+def pair_cost(cfg) -> float:
+    """BF16-forward equivalents of one trained (sample, timestep) pair (backward = 2 forwards). DiffusionNFT: the
+    old and reference forwards (no grad) plus the trainable forward and backward, 5 (4 without the KL reference).
+    FlowGRPO: the trainable forward and backward, 3, plus the reference forward for its KL; with classifier-free
+    guidance each of those velocities adds the unconditional forward (no grad), as the trainer computes them."""
+    kl = cfg.train.kl_beta > 0
+    if cfg.train.algo == "flow_grpo":
+        cfg_branch = 1.0 if cfg.sampler.guidance != 1.0 else 0.0
+        return 3.0 + cfg_branch + (1.0 + cfg_branch if kl else 0.0)
+    return 5.0 if kl else 4.0
 
 
 def calibration_cost(cal: dict[str, Any]) -> float:
@@ -236,12 +250,33 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
                if target is not None else None)
         m["epochs_to_nft_final"] = hit["epoch"] if hit else None
         m["cost_to_nft_final"] = hit["cost_bf16_fwd"] if hit else None
+    at_equal_cost(modes)
     result = {"epochs": n_epochs, "eval_every": every, "repeats": n_runs, "seed": seed, "jobs": jobs,
               "threads_per_run": per_run, "reward": reward or "shapes", "trained_modes": list(chosen),
               "compared_with": {"file": Path(compare).name, "modes": sorted(earlier)} if compare else None,
               "eval_reward": judge, "settings": sets, "nft_final_reward": target, "claims": claims(modes), "modes": modes}
     plot(modes, out / f"{name}.png", judge)
     return write_results(out, name, result, markdown(result, name))
+
+
+def at_equal_cost(modes: dict[str, Any]) -> None:
+    """Set each mode's `at_budget`: its held-out reward at the compute every mode reached (the smallest final cost
+    over the modes, BF16-forward equivalents), read off each run's curve by linear interpolation between its
+    evaluated epochs (epoch 0 at cost 0); mean and 95% interval over the run seeds. Modes whose cost per epoch
+    differs are compared here at the same compute, as the epochs' columns cannot."""
+    if not modes:
+        return
+    budget = min(m["final"]["cost_bf16_fwd"] for m in modes.values())
+    for m in modes.values():
+        rewards = []
+        for run in m["runs"]:
+            cost = [p["cost_bf16_fwd"] for p in run["points"]]
+            rewards.append(float(np.interp(budget, cost, [p["reward"] for p in run["points"]])))
+        mean, half = interval(rewards)
+        m["at_budget"] = {"cost_bf16_fwd": round(budget, 1), "reward_mean": round(mean, 4),
+                          "reward_ci95": None if math.isnan(half) else round(half, 4),
+                          "rewards": [round(x, 4) for x in rewards],
+                          "epochs": round(budget / m["cost_per_epoch"], 2) if m["cost_per_epoch"] else None}
 
 
 def _compared(path: Path, sets: list[str], epochs: int, repeats: int, seed: int,
@@ -274,6 +309,7 @@ def claims(modes: dict[str, Any]) -> list[str]:
         out.append(f"the adaptive proxy (sol_rl_auto) ends at {auto['final']['reward_mean']:.3f} vs the fixed explorer's "
                    f"{sol['final']['reward_mean']:.3f} at {ratio:.2f}x its cost per epoch, calibrations included -> "
                    f"{'same reward within the intervals' if same else 'the intervals are apart'}")
+    out += _grpo_claims(modes)
     if not all(m in modes for m in PAPER_MODES):
         return out
     sol, nft, naive, quant = (modes[k] for k in PAPER_MODES)
@@ -302,6 +338,26 @@ def claims(modes: dict[str, Any]) -> list[str]:
     return out
 
 
+def _versus(modes: dict[str, Any], a: str, b: str, what: str) -> str:
+    """`a` against `b` at the same compute (at_equal_cost), with whether their intervals are apart."""
+    x, y = modes[a]["at_budget"], modes[b]["at_budget"]
+    verdict = ("same reward within the intervals" if _overlap(x, y) else
+               f"{a if x['reward_mean'] > y['reward_mean'] else b} is higher (intervals apart)")
+    return (f"{what}: at {x['cost_bf16_fwd']:.0f} BF16-forward equivalents each, {a} {_ci(x['reward_mean'], x['reward_ci95'])} "
+            f"vs {b} {_ci(y['reward_mean'], y['reward_ci95'])} ({x['epochs']} vs {y['epochs']} epochs' cost) -> {verdict}")
+
+
+def _grpo_claims(modes: dict[str, Any]) -> list[str]:
+    """FlowGRPO against DiffusionNFT and one stage against two, at the same compute, for the modes that ran."""
+    pairs = [("sol_flow_grpo", "flow_grpo", "two-stage vs one-stage FlowGRPO"),
+             ("sol_rl", "diffusion_nft", "two-stage vs one-stage DiffusionNFT"),
+             ("flow_grpo", "diffusion_nft", "FlowGRPO vs DiffusionNFT, one stage"),
+             ("sol_flow_grpo", "sol_rl", "FlowGRPO vs DiffusionNFT, two stages")]
+    if not any(m in modes for m in ("flow_grpo", "sol_flow_grpo")):
+        return []
+    return [_versus(modes, a, b, what) for a, b, what in pairs if a in modes and b in modes]
+
+
 def plot(modes: dict[str, Any], path: Path, reward: str = "shapes") -> None:
     import matplotlib
 
@@ -328,6 +384,11 @@ def plot(modes: dict[str, Any], path: Path, reward: str = "shapes") -> None:
     plt.close(fig)
 
 
+def _budget(m: dict[str, Any]) -> str:
+    b = m.get("at_budget")
+    return f"{_ci(b['reward_mean'], b['reward_ci95'])} ({b['epochs']} ep.)" if b else "-"
+
+
 def _ci(mean: float, half: float | None) -> str:
     return f"{mean:.3f} ± {half:.3f}" if half is not None else f"{mean:.3f}"
 
@@ -337,8 +398,8 @@ def markdown(r: dict[str, Any], name: str = "curve") -> str:
     share = next((m["runs"][0]["explore_quantized_share"] for m in r["modes"].values()
                   if m["runs"][0].get("explore_quantized_share", 1.0) < 1.0), 1.0)
     lines = ["| mode | reward before | final reward (95% CI) | final exact match | cost / epoch (BF16 fwd eq.) | "
-             "CPU wall s | epochs to diffusion_nft's final | cost to reach it |",
-             "|---|---|---|---|---|---|---|---|"]
+             "CPU wall s | epochs to diffusion_nft's final | cost to reach it | reward at equal cost |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for mode, m in r["modes"].items():
         f = m["final"]
         em = _ci(f["exact_match_mean"], f.get("exact_match_ci95")) if "exact_match_mean" in f else "-"
@@ -346,7 +407,7 @@ def markdown(r: dict[str, Any], name: str = "curve") -> str:
         cost = f"{m['cost_to_nft_final']:.0f}" if m["cost_to_nft_final"] is not None else "not reached"
         lines.append(f"| {mode} | {m['before']['reward_mean']:.3f} | {_ci(f['reward_mean'], f['reward_ci95'])} | {em} | "
                      f"{m['cost_per_epoch']:.0f} | {m['train_wall_s']:.0f} | {reach if reach is not None else '-'} | "
-                     f"{cost} |")
+                     f"{cost} | {_budget(m)} |")
     auto = any("explore_proxies" in m["runs"][0] for m in r["modes"].values())
     if share < 1.0:
         held = f"here they hold {share:.0%}" + (" (the adaptive proxy: its candidate's share, measured in each run)"
@@ -363,8 +424,10 @@ def markdown(r: dict[str, Any], name: str = "curve") -> str:
             f"{r['epochs']} epochs per run, {r['repeats']} run seeds per mode from seed {r['seed']}, held-out "
             f"reward every {r['eval_every']} epochs; plot `{name}.png`. Cost counts the quantized layers of an FP4 forward "
             f"at 1/4 and of an FP8 one at 1/2 of BF16 (the B200 bound; {held} of the explore "
-            f"forward's multiply-accumulates, the rest counts at 1) and a trained (sample, timestep) pair at 5 forwards; "
-            f"CPU wall-clock "
+            f"forward's multiply-accumulates, the rest counts at 1) and a trained (sample, timestep) pair at 5 forwards "
+            f"for DiffusionNFT (old, reference, trainable forward and its backward) and 4 for FlowGRPO (trainable forward "
+            f"and backward, reference; no CFG on this bed); 'reward at equal cost' reads every run at the smallest final "
+            f"cost of the modes (interpolated between evaluated epochs; the epochs that cost buys in brackets). CPU wall-clock "
             f"counts emulated FP4, which is slower than BF16 here.\n\n" + "\n".join(lines) + "\n"
             + "\n".join(per_epoch) + "\n" + _auto_lines(r)
             + ("\nThe claims on these runs (the paper's, where its four modes ran):\n\n"
