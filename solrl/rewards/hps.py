@@ -42,6 +42,9 @@ HPSV2_ENV, HPSV2_DEFAULT, HPSV2_FILE = "SOLRL_HPSV2_CHECKPOINT", "xswu/HPSv2", "
 HPSV2_TOK_ENV, HPSV2_TOK_DEFAULT = "SOLRL_HPSV2_TOKENIZER", "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 TOKENIZER_FILES = (("tokenizer.json", "vocab.json"),)
 HPSV3_ENV = "SOLRL_HPSV3_CHECKPOINT"
+HPSV3_CONFIG_ENV = "SOLRL_HPSV3_CONFIG"
+HPSV3_BASE = "Qwen/Qwen2-VL-7B-Instruct"
+HPSV3_TRANSFORMERS = "4.45.2"
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -193,42 +196,159 @@ class HPSv2:
 
 
 class HPSv3:
-    """`hpsv3` through the `hpsv3` package (its own environment); score = predicted mean preference mu."""
+    """`hpsv3`: HPSv3's own scoring code (`hpsv3.HPSv3RewardInferencer`, in its environment); score = mu.
+
+    The inferencer builds `Qwen2VLRewardModelBT` (a Qwen2VLForConditionalGeneration with a float32 head
+    hidden -> 1024 -> 16 -> 2) from the config's `model_name_or_path`, loads the checkpoint with strict=True,
+    and returns (mu, sigma) per image: the head's output at the `<|Reward|>` token that ends its instruction.
+    Its pins (transformers 4.45.2) are not solrl's (5.x), so it runs in its own environment: envs/hpsv3.
+    """
 
     name = "hpsv3"
     needs_weights = True
 
-    def __init__(self, checkpoint: str | Path | None = None, *, device: str | None = None) -> None:
-        checkpoint = checkpoint or os.environ.get(HPSV3_ENV, "").strip()
+    def __init__(self, checkpoint: str | Path | None = None, config: str | Path | None = None, *,
+                 device: str | None = None, batch_size: int = 8) -> None:
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        checkpoint = str(checkpoint or os.environ.get(HPSV3_ENV, "").strip())
         if not checkpoint or not Path(checkpoint).expanduser().is_file():
             raise MissingWeightsError(
                 f"hpsv3: weights not found (nothing is downloaded). Needed: the HPSv3 checkpoint (HPSv3.safetensors "
                 f"from the MizzenAI/HPSv3 repo) as a local file in {HPSV3_ENV} (now {checkpoint or 'unset'}), "
-                "plus Qwen/Qwen2-VL-7B-Instruct in the HF cache.")
-        try:
-            from hpsv3 import HPSv3RewardInferencer
-        except ImportError as err:
-            raise ImportError("hpsv3: the `hpsv3` package is not installed; it pins its own transformers, so install "
-                              "it in a separate environment or image (pip install hpsv3), not beside solrl's core "
-                              "pins") from err
-        self._inf = HPSv3RewardInferencer(checkpoint_path=str(checkpoint), device=device or default_device())
+                f"plus its base model (the config's model_name_or_path, {HPSV3_BASE}) in the HF cache.")
+        checkpoint = str(Path(checkpoint).expanduser())
+        _check_hpsv3_environment()
+        from hpsv3 import HPSv3RewardInferencer
+
+        config = str(config or hpsv3_config())
+        base = hpsv3_base_model(config)
+        if base is None:
+            raise MissingWeightsError(_hpsv3_base_hint(config))
+        self.base_model, self.config, self.batch_size = base, config, batch_size
+        self.device = device or default_device()
+        dtype = _hpsv3_dtype(config)
+        if dtype != "float32" and not self.device.startswith("cuda"):
+            # HPSv3 casts the decoder's output to its float32 head under CUDA autocast only: elsewhere the bf16
+            # hidden states meet float32 weights and the product fails
+            raise ValueError(f"hpsv3: the config {config} runs the model in {dtype}, which HPSv3's head supports "
+                             f"on CUDA only; on {self.device} give {HPSV3_CONFIG_ENV} a config with bf16: false and "
+                             "torch_dtype: float32")
+        # from_pretrained(base): a local directory, or the Hub id found in the cache above (the service images set
+        # HF_HUB_OFFLINE=1, so nothing is fetched)
+        self._inf = HPSv3RewardInferencer(config_path=config, checkpoint_path=checkpoint, device=self.device)
+
+    @staticmethod
+    def pil_images(images: np.ndarray) -> list:
+        """What the inferencer is given: PIL RGB images (its message's "image"); it resizes them itself to
+        256 * 28 * 28 pixels (both sides multiples of 28, bicubic), so any size is accepted."""
+        return to_pil(images)
 
     def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
         import torch
 
         images = check_images(images, len(prompts))
+        bad = [p for p in prompts if any(t in p for t in HPSV3_RESERVED)]
+        if bad:
+            raise ValueError(f"hpsv3: prompt {bad[0]!r} holds one of the model's special tokens {HPSV3_RESERVED}")
+        out = []
         with torch.inference_mode():
-            rewards = self._inf.reward(prompts=list(prompts), image_paths=to_pil(images))
-        return torch.as_tensor(rewards, dtype=torch.float32).reshape(len(images), -1)[:, 0].cpu().numpy()
+            for i in range(0, len(images), self.batch_size):
+                chunk = self.pil_images(images[i:i + self.batch_size])
+                rewards = self._inf.reward(image_paths=chunk, prompts=list(prompts[i:i + self.batch_size]))
+                out.append(rewards.float().reshape(len(chunk), -1)[:, 0].cpu())   # (mu, sigma): mu
+        return torch.cat(out).numpy().astype(np.float32) if out else np.zeros(0, np.float32)
 
     @staticmethod
     def missing() -> list[str]:
+        import importlib.util
+
         out = []
         ckpt = os.environ.get(HPSV3_ENV, "").strip()
         if not ckpt or not Path(ckpt).expanduser().is_file():
             out.append(f"{HPSV3_ENV} (unset or not a file)")
-        import importlib.util
-
         if importlib.util.find_spec("hpsv3") is None:
-            out.append("package hpsv3")
+            out.append("package hpsv3 (its own environment: envs/hpsv3/install.sh)")
+            return out
+        try:
+            _check_hpsv3_environment()
+        except ImportError as err:
+            return out + [str(err)]
+        config = hpsv3_config()
+        if hpsv3_base_model(config) is None:
+            out.append(f"base model of {config} ({HPSV3_BASE} by default, in the HF cache)")
         return out
+
+
+# Qwen2-VL's special tokens that HPSv3's message places itself: a prompt holding one would break its parse
+HPSV3_RESERVED = ("<|Reward|>", "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|im_start|>", "<|im_end|>")
+
+
+def hpsv3_config() -> str:
+    """HPSv3's inference config: SOLRL_HPSV3_CONFIG, else the package's own HPSv3_7B.yaml."""
+    src = os.environ.get(HPSV3_CONFIG_ENV, "").strip()
+    if src:
+        if not Path(src).expanduser().is_file():
+            raise FileNotFoundError(f"hpsv3: {HPSV3_CONFIG_ENV}={src} is not a file (an HPSv3 YAML config)")
+        return str(Path(src).expanduser())
+    import importlib.util
+
+    spec = importlib.util.find_spec("hpsv3")
+    return str(Path(spec.origin).parent / "config" / "HPSv3_7B.yaml")
+
+
+def _read_config(config: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(Path(config).read_text()) or {}
+
+
+def _hpsv3_dtype(config: str) -> str:
+    cfg = _read_config(config)
+    if cfg.get("bf16"):
+        return "bfloat16"
+    if cfg.get("fp16"):
+        return "float16"
+    return str(cfg.get("torch_dtype") or "float32")
+
+
+def hpsv3_base_model(config: str) -> str | None:
+    """The config's model_name_or_path as a local directory (or its cached HF snapshot); None if absent here."""
+    from solrl.rewards.weights import _cached_snapshot
+
+    name = str(_read_config(config).get("model_name_or_path") or HPSV3_BASE)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return str(path)
+    snap = _cached_snapshot(name)
+    return name if snap is not None and (snap / "config.json").is_file() else None
+
+
+def _hpsv3_base_hint(config: str) -> str:
+    name = _read_config(config).get("model_name_or_path") or HPSV3_BASE
+    return (f"hpsv3: base model {name!r} (model_name_or_path of {config}) is neither a local directory nor in the "
+            f"HF cache (nothing is downloaded). Fetch it where there is network (`hf download {name}`) and share its "
+            f"HF_HOME, or point {HPSV3_CONFIG_ENV} at a config whose model_name_or_path is a local copy.")
+
+
+def _check_hpsv3_environment() -> None:
+    """hpsv3 1.0.0 imports transformers 4.45's trainer internals and Qwen2-VL layout; refuse other versions clearly."""
+    import importlib.util
+
+    if importlib.util.find_spec("hpsv3") is None:
+        raise ImportError(f"hpsv3: the `hpsv3` package is not installed here. It pins transformers=={HPSV3_TRANSFORMERS} "
+                          "(solrl uses 5.x), so it runs in its own environment: envs/hpsv3/install.sh, then "
+                          "`envs/hpsv3/.venv/bin/solrl serve reward --rewards hpsv3` (docs/rewards.md, HPSv3)")
+    import transformers
+
+    if transformers.__version__ != HPSV3_TRANSFORMERS:
+        raise ImportError(
+            f"hpsv3: the hpsv3 package (1.0.0) runs with transformers=={HPSV3_TRANSFORMERS} (its pin); this "
+            f"environment has {transformers.__version__}, whose Qwen2-VL layout and trainer module it cannot use. "
+            "Serve it from its own environment: envs/hpsv3/install.sh (docs/rewards.md, HPSv3)")
+    try:
+        import hpsv3  # noqa: F401
+    except ImportError as err:
+        raise ImportError(f"hpsv3: the `hpsv3` package does not import here ({err}); build its environment with "
+                          "envs/hpsv3/install.sh (docs/rewards.md, HPSv3)") from err
