@@ -189,7 +189,8 @@ def plan(cfg: RunConfig, *, redis_url: str, namespace: str, run_dir: Path, train
     model = ["--model", cfg.model.name, *(["--model-path", cfg.model.path] if cfg.model.path else []),
              "--base-precision", r.precision.backend,   # the LoRA layout comes with each pushed adapter
              "--reward", cfg.reward, "--reward-addr", f"{HOST}:{ports['reward'][0]}",
-             "--micro-batch", str(r.micro_batch), "--threads", str(threads), "--queue-namespace", namespace]
+             "--micro-batch", str(r.micro_batch), "--threads", str(threads), "--queue-namespace", namespace,
+             *video_args(cfg)]
     # secrets travel in the environment, never on a command line (`ps` shows those): the token and the
     # Redis URL, which may carry a password
     secret = {"SOLRL_ADAPTER_TOKEN": token, "SOLRL_REDIS_URL": redis_url}
@@ -202,6 +203,13 @@ def plan(cfg: RunConfig, *, redis_url: str, namespace: str, run_dir: Path, train
                                "--regenerator-addrs", f"{HOST}:{ports['regenerator'][0]}"],
                    secret)
     return [[spec("reward", ["--rewards", cfg.reward])], [*explorer_specs, regenerator], [trainer]]
+
+
+def video_args(cfg: RunConfig) -> list[str]:
+    """A video run's clip and reward frames for the rollout services (what `RunConfig.model_options` gives the
+    trainer's loader); none for an image model."""
+    options = cfg.model_options()
+    return [a for key, value in options.items() for a in (f"--{key.replace('_', '-')}", str(value))]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

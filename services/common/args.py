@@ -19,7 +19,7 @@ from services.common.env import (
     add_address_arguments,
     add_run_arguments,
 )
-from solrl.config import MODEL_NAMES
+from solrl.config import MODEL_NAMES, REWARD_FRAMES
 from solrl.precision.config import BACKEND_NAMES
 from solrl.queue.base import QueueConfig
 
@@ -33,7 +33,8 @@ def add_model_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], 
     defaults left unset come from the run config (services.common.rollout_shell.settle_role_args)."""
     addr = Addresses.from_env(environ, grpc_port=grpc_port, http_port=http_port)
     p.set_defaults(role_defaults={"model": "shapes", "model_path": None, "base_precision": "bf16",
-                                  "reward": "shapes", "micro_batch": 64, "precision": precision, "steps": steps})
+                                  "reward": "shapes", "micro_batch": 64, "precision": precision, "steps": steps,
+                                  "frames": 0, "height": 0, "width": 0, "reward_frames": "first"})
     add_run_arguments(p, environ, "rollout")
     p.add_argument("--model", default=None, choices=list(MODEL_NAMES),
                    help="model registry name (default: the run's model.name, else shapes)")
@@ -51,6 +52,15 @@ def add_model_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], 
     p.add_argument("--reward", default=None, help="reward (scorer) name (default: the run's, else shapes)")
     p.add_argument("--reward-addr", default=environ.get(ENV_REWARD_ADDR, ""),
                    help=f"host:port of a reward service to score with (env {ENV_REWARD_ADDR}; empty: in process)")
+    p.add_argument("--frames", type=int, default=None,
+                   help="video models: frames per clip, 4k + 1 (default: the run's model.frames, else the model's)")
+    p.add_argument("--height", type=int, default=None,
+                   help="video models: clip height in pixels (default: the run's model.height, else the model's)")
+    p.add_argument("--width", type=int, default=None,
+                   help="video models: clip width in pixels (default: the run's model.width, else the model's)")
+    p.add_argument("--reward-frames", default=None, choices=list(REWARD_FRAMES),
+                   help="video models: the frames the reward scores, frame 0 or the mean over frames "
+                        "(default: the run's reward_frames, else first)")
     p.add_argument("--steps", type=int, default=None, help=f"default sampling steps (default: the run's, else {steps})")
     p.add_argument("--micro-batch", type=int, default=None, help="images per model forward (default: the run's, else 64)")
     p.add_argument("--version-wait-s", type=float, default=30.0,

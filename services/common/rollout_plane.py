@@ -16,7 +16,7 @@ from services.common.adapter_reload import HotSwapModel, serving_precision
 from services.common.env import ENV_REWARD_ADDR  # noqa: F401 (re-exported for callers of this module)
 from services.common.errors import NotFoundError, UnavailableError
 from services.common.grpc_server import MAX_GRPC_MESSAGE_SIZE
-from services.common.tensors import numpy_to_tensor, torch_to_tensor
+from services.common.tensors import DEFAULT_MAX_TENSOR_BYTES, numpy_to_tensor, torch_to_tensor
 from solrl.adapters import LoraSpec
 from solrl.models.base import T2IModel
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
@@ -31,22 +31,40 @@ ODE_SOLVERS = ("euler", "dpm2")  # what a request names; the SDE is asked for wi
 class RemoteScorer:
     """A reward service's `solrl.reward.v1.Reward/Score` as a scorer (images, prompts) -> scores."""
 
-    def __init__(self, address: str, reward: str, timeout_s: float = 120.0) -> None:
+    def __init__(self, address: str, reward: str, timeout_s: float = 120.0,
+                 max_request_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> None:
         if not isinstance(address, str) or not address.strip():
             raise ValueError(f"address must be host:port, got {address!r}")
         if not isinstance(reward, str) or not reward:
             raise ValueError(f"reward must be a reward name, got {reward!r}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes < 1:
+            raise ValueError(f"max_request_bytes must be a positive int, got {max_request_bytes!r}")
         self.name, self.address, self.timeout_s = reward, address.strip(), float(timeout_s)
+        self.max_request_bytes = max_request_bytes
         self._channel = grpc.insecure_channel(self.address, options=[
             ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
             ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE)])
         self._stub = reward_pb2_grpc.RewardStub(self._channel)
 
     def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
-        request = reward_pb2.ScoreRequest(reward=self.name, images=numpy_to_tensor(np.ascontiguousarray(images)),
-                                          prompts=list(prompts))
+        """Scores of images [N, H, W, 3]: one Score call, or, over `max_request_bytes` (the reward service's
+        default tensor limit: a video run scoring every frame of its clips, reward_frames=mean, sends N = clips x
+        frames), consecutive slices of the batch each within it (a reward scores each image on its own)."""
+        images = np.ascontiguousarray(images)
+        prompts = list(prompts)
+        per_image = images[:1].nbytes
+        step = max(1, self.max_request_bytes // per_image) if per_image else len(images)
+        if len(images) <= step:
+            return self._score(images, prompts)
+        if len(prompts) != len(images):
+            raise ValueError(f"got {len(prompts)} prompts for {len(images)} images")
+        return np.concatenate([self._score(images[i: i + step], prompts[i: i + step])
+                               for i in range(0, len(images), step)])
+
+    def _score(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+        request = reward_pb2.ScoreRequest(reward=self.name, images=numpy_to_tensor(images), prompts=prompts)
         try:
             response = self._stub.Score(request, timeout=self.timeout_s)
         except grpc.RpcError as exc:
@@ -194,7 +212,15 @@ class RolloutPlane:
                 "resident_weight_bytes": self.hot.weight_bytes()["total"],
                 "available_precisions": self.available_precisions,
                 "reward": getattr(self.scorer, "name", type(self.scorer).__name__),
-                "defaults": self.defaults(), "ready": self.ready()}
+                "defaults": self.defaults(), "ready": self.ready(), **self.clip()}
+
+    def clip(self) -> dict[str, Any]:
+        """A video model's clip and reward frames (Info's frames, height, width, reward_frames); {} for an image
+        model (Info then says 0 and "")."""
+        if self.model.spec.is_video:
+            return {"frames": int(self.model.frames), "height": int(self.model.height),
+                    "width": int(self.model.width), "reward_frames": str(self.model.reward_frames)}
+        return {}
 
     def close(self) -> None:
         self._closed = True

@@ -28,7 +28,7 @@ from services.common.ops import HttpServer, create_ops_app
 from services.common.rollout_plane import build_scorer
 from services.common.workers import start_consumer
 from solrl.adapters import LoraSpec
-from solrl.config import resolve
+from solrl.config import REWARD_FRAMES, VIDEO_MODELS, resolve
 from solrl.models import available_models, load_model
 from solrl.models.base import T2IModel
 from solrl.precision import PrecisionConfig, build_backend
@@ -101,6 +101,11 @@ _FROM_RUN = {
     "steps": lambda c, role: _explorer_start(c)[1] if role == "explorer" else c.rollout.steps,
     "kept": lambda c, role: c.rollout.kept,
     "selection": lambda c, role: c.rollout.selection,
+    # video models: the clip (0 = the model's default) and the frames the reward scores
+    "frames": lambda c, role: c.model.frames,
+    "height": lambda c, role: c.model.height,
+    "width": lambda c, role: c.model.width,
+    "reward_frames": lambda c, role: c.reward_frames,
 }
 
 
@@ -118,7 +123,35 @@ def settle_role_args(args: argparse.Namespace, role: str) -> argparse.Namespace:
         setattr(args, name, _FROM_RUN[name](cfg, role) if cfg is not None else default)
     if args.model not in available_models():
         raise ValueError(f"model {args.model!r} (from the run config) is not one of {available_models()}")
+    model_options(args)   # a clip the model cannot make is refused here, before anything is loaded
     return args
+
+
+def model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The loader options of the served model (`solrl.models.load_model`), as `RunConfig.model_options` gives the
+    trainer's: for a video model its clip (frames, height, width; 0 = the model's default) and reward_frames, none
+    for an image model. ValueError, naming the setting, for a clip the model cannot make (the checks of
+    RunConfig.validate: 4k + 1 frames, sizes in the VAE x patch multiple) and for clip settings on an image model."""
+    clip = {k: int(getattr(args, k, 0) or 0) for k in ("frames", "height", "width")}
+    reward_frames = getattr(args, "reward_frames", None) or "first"
+    if reward_frames not in REWARD_FRAMES:
+        raise ValueError(f"--reward-frames must be one of {REWARD_FRAMES}, got {reward_frames!r}")
+    if args.model not in VIDEO_MODELS:
+        given = [f"--{k}={v}" for k, v in clip.items() if v]
+        given += [f"--reward-frames={reward_frames}"] if reward_frames != "first" else []
+        if given:
+            raise ValueError(f"{', '.join(given)} (model.frames / height / width, reward_frames) apply to the video "
+                             f"models {sorted(VIDEO_MODELS)}, not {args.model!r}")
+        return {}
+    from solrl.models.wan import WAN_FAMILIES, check_clip
+
+    fam, (temporal, multiple) = WAN_FAMILIES[args.model], VIDEO_MODELS[args.model]
+    try:
+        check_clip(clip["frames"] or fam.frames, clip["height"] or fam.height, clip["width"] or fam.width, temporal,
+                   multiple, args.model)
+    except ValueError as exc:
+        raise ValueError(f"the served clip (--frames / --height / --width, else the run's): {exc}") from None
+    return {**{k: v for k, v in clip.items() if v}, "reward_frames": reward_frames}
 
 
 def pinned_lora(args: argparse.Namespace, model: T2IModel) -> LoraSpec | None:
@@ -137,7 +170,7 @@ def load_served_model(args: argparse.Namespace) -> tuple[T2IModel, LoraSpec | No
     """The model with its base weights rounded as the trainer holds them, and the pinned LoRA spec (if any)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_model(args.model, args.model_path)
+    model = load_model(args.model, args.model_path, **model_options(args))   # a video model's clip options
     build_backend(PrecisionConfig(args.base_precision)).prepare(model.transformer)
     return model, pinned_lora(args, model)
 

@@ -213,6 +213,7 @@ def worker_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> lis
               ("reward", info.reward, cfg.reward, "reward")]
     out = [f"{role} {address} serves {what} {got!r}, the run has {key}={want!r}"
            for what, got, want, key in checks if got != want]
+    out += clip_mismatches(role, address, info, cfg)
     if role == "explorer" and want_precision == "auto":
         # the adaptive proxy names the precision in each job: the explorer must be able to build every candidate
         from solrl.proxy import parse_candidate
@@ -229,6 +230,32 @@ def worker_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> lis
         key = "rollout.explore_precision.backend" if role == "explorer" else "rollout.precision.backend"
         out.append(f"{role} {address} serves precision {info.precision!r}, the run has {key}={want_precision!r}")
     return out
+
+
+def run_clip(cfg: RunConfig) -> dict[str, Any]:
+    """The clip a video run samples, as its model resolves it (model.frames / height / width, 0 = the model's
+    default) and the frames its reward scores; {} for an image model."""
+    from solrl.config import VIDEO_MODELS
+
+    if cfg.model.name not in VIDEO_MODELS:
+        return {}
+    from solrl.models.wan import WAN_FAMILIES
+
+    fam = WAN_FAMILIES[cfg.model.name]
+    return {"frames": cfg.model.frames or fam.frames, "height": cfg.model.height or fam.height,
+            "width": cfg.model.width or fam.width, "reward_frames": cfg.reward_frames}
+
+
+def clip_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> list[str]:
+    """A video run's clip and reward frames against what a rollout service's Info says it samples (a service of
+    another clip would send latents of another shape, or score other frames)."""
+    want = run_clip(cfg)
+    if not want:
+        return []
+    keys = {"frames": "model.frames", "height": "model.height", "width": "model.width",
+            "reward_frames": "reward_frames"}
+    return [f"{role} {address} serves {name}={getattr(info, name)!r}, the run has {keys[name]}={value!r}"
+            for name, value in want.items() if getattr(info, name) != value]
 
 
 def check_workers(pusher: AdapterPusher, cfg: RunConfig, timeout_s: float = 600.0,
