@@ -260,19 +260,24 @@ def test_services_run_equals_the_embedded_run(name, tiny_dirs, namespace, reward
     (["--frames", "9", "--height", "500"], "model.height=500 must be a positive multiple of 16"),
     (["--width", "-16"], "model.width=-16 must be a positive multiple of 16"),
 ])
-def test_a_clip_the_model_cannot_make_is_refused_before_loading(argv, message, tmp_path):
-    """Flags (or the run's settings) naming a clip the model's VAE cannot make: ValueError naming the setting from
-    the role's start-up, before any weights are read (the weights path does not even exist)."""
+def test_a_clip_the_model_cannot_make_is_refused_before_loading(argv, message, tmp_path, capsys):
+    """Flags (or the run's settings) naming a clip the model's VAE cannot make: a ConfigError naming the setting from
+    the role's start-up, before any weights are read (the weights path does not even exist); `solrl serve` prints it
+    and exits 2."""
+    from solrl.cli import main
+
     missing = str(tmp_path / "no-weights")
     for module in (explorer_server, regenerator_server):
         args = role_args(module, ["--model", "wan2.2-t2v-a14b", "--model-path", missing, *argv])
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ConfigError, match=message):
             module.run(args, threading.Event(), {})
+    assert main(["serve", "regenerator", "--model", "wan2.2-t2v-a14b", "--model-path", missing, *argv]) == 2
+    assert re.search(message, capsys.readouterr().err)
     with pytest.raises(ConfigError, match=r"model.frames=80"):   # the same from the run config (SOLRL_SET)
         settle_role_args(role_args(explorer_server, ["--preset", "wan22-a14b-sol-rl", "--set", "model.frames=80",
                                                      "--set", "prompts.train=/p.txt", "--set", "prompts.eval=/p.txt"]),
                          "explorer")
-    with pytest.raises(ValueError, match=r"--frames=9, --reward-frames=mean .*apply to the video models"):
+    with pytest.raises(ConfigError, match=r"--frames=9, --reward-frames=mean .*apply to the video models"):
         settle_role_args(role_args(explorer_server, ["--frames", "9", "--reward-frames", "mean"]), "explorer")
     # the run's clip is what the rollout roles serve when no flag says otherwise; flags win
     run = ["--preset", "wan22-ti2v5b-sol-rl", "--set", "prompts.train=/p.txt", "--set", "prompts.eval=/p.txt",
@@ -364,3 +369,70 @@ def test_bad_requests_get_their_grpc_status(served, tiny_dirs):
             prompt="a clip", seeds=[1]), return_images=True), timeout=60)
     # a clip's latents [C, F, H, W] and, scoring the mean over frames, every frame of it
     assert list(out.rollouts[0].x0.shape) == [16, 2, 2, 2] and list(out.images.shape) == [1, 5, 16, 16, 3]
+
+
+def test_the_reward_service_scores_clips_as_the_mean_over_their_frames(reward_service):
+    """Score takes clips [B, F, H, W, 3] beside images: each clip's score is the mean of its frames' (frame 0 alone:
+    [B, 1, H, W, 3]); a reward that cannot score video frames refuses clips, and malformed clips are
+    INVALID_ARGUMENT naming the field."""
+    from services.common.tensors import numpy_to_tensor
+    from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
+
+    clips = np.random.default_rng(0).integers(0, 256, size=(2, 3, 16, 16, 3), dtype=np.uint8)
+    clips[1, 1:] //= 4   # frames of one clip that compress differently
+    prompts = ["a red circle", "two blue squares"]
+    with grpc.insecure_channel(reward_service.grpc.address) as channel:
+        stub = reward_pb2_grpc.RewardStub(channel)
+
+        def score(images, texts, reward="jpeg_compressibility"):
+            return np.asarray(stub.Score(reward_pb2.ScoreRequest(reward=reward, images=numpy_to_tensor(images),
+                                                                 prompts=texts), timeout=30).scores, np.float32)
+
+        frames = score(clips.reshape(6, 16, 16, 3), [p for p in prompts for _ in range(3)]).reshape(2, 3)
+        np.testing.assert_allclose(score(clips, prompts), frames.mean(axis=1), rtol=1e-6)
+        assert np.array_equal(score(clips[:, :1], prompts), frames[:, 0])
+        for images, texts, reward, message in (
+                (clips, prompts, "shapes", "cannot score video frames"),
+                (clips, prompts[:1], "jpeg_compressibility", "images: got 2 clips but 1 prompts"),
+                (clips[..., :2], prompts, "jpeg_compressibility", "images: clips must have shape [B, F, H, W, 3]"),
+                (clips[:, :0], prompts, "jpeg_compressibility", "(F >= 1, H, W >= 4), got [2, 0, 16, 16, 3]")):
+            with pytest.raises(grpc.RpcError) as err:
+                score(np.ascontiguousarray(images), texts, reward)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and message in err.value.details(), \
+                err.value.details()
+
+
+def test_a_remote_scorer_splits_what_is_over_the_request_limit(reward_service):
+    """Every frame of a clip scored over gRPC (reward_frames=mean at Wan's own clips: 32 clips x 121 frames at
+    704x1280 are 10 GB) goes in slices within the reward service's tensor limit; the scores are the one call's."""
+    from services.common.rollout_plane import RemoteScorer
+
+    images = np.random.default_rng(1).integers(0, 256, size=(7, 16, 16, 3), dtype=np.uint8)
+    prompts = [f"prompt {i}" for i in range(7)]
+    whole, split = (RemoteScorer(reward_service.grpc.address, "jpeg_compressibility", max_request_bytes=b)
+                    for b in (1 << 30, 3 * images[0].nbytes))
+    calls = []
+    real = split._score
+    split._score = lambda im, pr: calls.append(len(im)) or real(im, pr)
+    try:
+        assert np.array_equal(split(images, prompts), whole(images, prompts))
+    finally:
+        whole.close()
+        split.close()
+    assert calls == [3, 3, 1]
+
+
+def test_solrl_up_gives_the_rollout_services_the_clip(tiny_dirs, tmp_path):
+    from solrl.up import plan
+
+    ports = iter(range(20000, 20100))
+    for name, want in (("wan2.2-t2v-a14b", ["--frames", str(FRAMES), "--height", "16", "--width", "16",
+                                            "--reward-frames", "mean"]), ("shapes", [])):
+        sets = run_sets(name, tiny_dirs, ["reward_frames=mean"]) if name != "shapes" else []
+        cfg = apply_overrides(get_preset(f"{FAMILY[name]}-sol-rl" if sets else "shapes-sol-rl"), sets).validate()
+        stages = plan(cfg, redis_url=REDIS, namespace="ns", run_dir=tmp_path, trainer_args=[], token="t",
+                      port=lambda: next(ports))
+        for spec in stages[1]:   # the explorer and the regenerator
+            got = [a for i, a in enumerate(spec.argv) if a in ("--frames", "--height", "--width", "--reward-frames")
+                   or i and spec.argv[i - 1] in ("--frames", "--height", "--width", "--reward-frames")]
+            assert got == want, (name, spec.role, spec.argv)

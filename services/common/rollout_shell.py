@@ -28,7 +28,7 @@ from services.common.ops import HttpServer, create_ops_app
 from services.common.rollout_plane import build_scorer
 from services.common.workers import start_consumer
 from solrl.adapters import LoraSpec
-from solrl.config import REWARD_FRAMES, VIDEO_MODELS, resolve
+from solrl.config import REWARD_FRAMES, VIDEO_MODELS, ConfigError, resolve
 from solrl.models import available_models, load_model
 from solrl.models.base import T2IModel
 from solrl.precision import PrecisionConfig, build_backend
@@ -130,17 +130,18 @@ def settle_role_args(args: argparse.Namespace, role: str) -> argparse.Namespace:
 def model_options(args: argparse.Namespace) -> dict[str, Any]:
     """The loader options of the served model (`solrl.models.load_model`), as `RunConfig.model_options` gives the
     trainer's: for a video model its clip (frames, height, width; 0 = the model's default) and reward_frames, none
-    for an image model. ValueError, naming the setting, for a clip the model cannot make (the checks of
-    RunConfig.validate: 4k + 1 frames, sizes in the VAE x patch multiple) and for clip settings on an image model."""
+    for an image model. ConfigError (a ValueError; `solrl serve` prints it and exits 2), naming the setting, for a
+    clip the model cannot make (the checks of RunConfig.validate: 4k + 1 frames, sizes in the VAE x patch multiple)
+    and for clip settings on an image model."""
     clip = {k: int(getattr(args, k, 0) or 0) for k in ("frames", "height", "width")}
     reward_frames = getattr(args, "reward_frames", None) or "first"
     if reward_frames not in REWARD_FRAMES:
-        raise ValueError(f"--reward-frames must be one of {REWARD_FRAMES}, got {reward_frames!r}")
+        raise ConfigError(f"--reward-frames must be one of {REWARD_FRAMES}, got {reward_frames!r}")
     if args.model not in VIDEO_MODELS:
         given = [f"--{k}={v}" for k, v in clip.items() if v]
         given += [f"--reward-frames={reward_frames}"] if reward_frames != "first" else []
         if given:
-            raise ValueError(f"{', '.join(given)} (model.frames / height / width, reward_frames) apply to the video "
+            raise ConfigError(f"{', '.join(given)} (model.frames / height / width, reward_frames) apply to the video "
                              f"models {sorted(VIDEO_MODELS)}, not {args.model!r}")
         return {}
     from solrl.models.wan import WAN_FAMILIES, check_clip
@@ -150,7 +151,7 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
         check_clip(clip["frames"] or fam.frames, clip["height"] or fam.height, clip["width"] or fam.width, temporal,
                    multiple, args.model)
     except ValueError as exc:
-        raise ValueError(f"the served clip (--frames / --height / --width, else the run's): {exc}") from None
+        raise ConfigError(f"the served clip (--frames / --height / --width, else the run's): {exc}") from None
     return {**{k: v for k, v in clip.items() if v}, "reward_frames": reward_frames}
 
 

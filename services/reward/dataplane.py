@@ -21,6 +21,7 @@ from services.common.errors import NotFoundError
 # the KServe model descriptors are the front door's (services.kserve.tensors); re-exported for the planes
 from services.kserve.tensors import MODEL_VERSION, PLATFORM, ModelMetadata, TensorSpec  # noqa: E402,F401
 from solrl.rewards import Scorer, build_reward, check_images, ready_rewards
+from solrl.rewards.frames import frame_incapable, score_frames
 from solrl.world.shapes import PromptError
 
 IMAGES = TensorSpec("IMAGES", "UINT8", (-1, -1, -1, 3))
@@ -121,7 +122,10 @@ class RewardDataPlane:
 
     def score(self, name: str, images: np.ndarray, prompts: Sequence[str], *,
               fields: tuple[str, str, str] = ("reward", "images", "prompts")) -> np.ndarray:
-        """float32 scores [B] of uint8 images [B, H, W, 3] against B prompts.
+        """float32 scores [B] of uint8 images [B, H, W, 3] against B prompts, or of video clips [B, F, H, W, 3]:
+        every frame scored with its clip's prompt, each clip's score the mean over its F frames (what a video run's
+        reward_frames=mean scores; frame 0 alone, reward_frames=first, is [B, 1, H, W, 3]: its score exactly).
+        A reward that cannot score video frames (the shapes world's) refuses clips.
 
         Errors name the request fields `fields` = (model name, images, prompts).
         """
@@ -130,14 +134,19 @@ class RewardDataPlane:
         if isinstance(prompts, (str, bytes)) or not all(isinstance(p, str) for p in prompts):
             raise TypeError(f"{prompts_field} must be a list of strings")
         prompts = list(prompts)
+        clips = isinstance(images, np.ndarray) and images.ndim == 5
         try:
-            check_images(images, len(prompts))
+            if clips:
+                _check_clips(name, images, len(prompts))
+            else:
+                check_images(images, len(prompts))
         except (TypeError, ValueError) as exc:
             raise type(exc)(_named(images_field, exc)) from None
         if not prompts:
             return np.zeros(0, dtype=np.float32)
         try:
-            scores = self._batchers[name](images, prompts)
+            scores = score_frames(self._batchers[name], images, prompts) if clips else self._batchers[name](images,
+                                                                                                          prompts)
         except PromptError as exc:
             raise PromptError(_named(prompts_field, exc)) from None
         return np.asarray(scores, dtype=np.float32)
@@ -174,6 +183,23 @@ class RewardDataPlane:
             except UnicodeDecodeError:
                 raise ValueError(f"PROMPTS[{i}]: not valid UTF-8") from None
         return {SCORES.name: self.score(name, images, prompts, fields=("model_name", IMAGES.name, PROMPTS.name))}
+
+
+def _check_clips(name: str, clips: np.ndarray, n_prompts: int) -> None:
+    """uint8 clips [B, F, H, W, 3] (F >= 1), one prompt each, for a reward that can score video frames."""
+    if clips.dtype != np.uint8:
+        raise TypeError(f"clips must have dtype uint8, got {clips.dtype}")
+    if clips.shape[1] < 1 or clips.shape[-1] != 3 or clips.shape[2] < 4 or clips.shape[3] < 4:
+        raise ValueError(f"clips must have shape [B, F, H, W, 3] (F >= 1, H, W >= 4), got {list(clips.shape)}")
+    if clips.shape[0] != n_prompts:
+        raise ValueError(f"got {clips.shape[0]} clips but {n_prompts} prompts")
+    try:
+        bad = frame_incapable(name)
+    except (KeyError, ValueError):   # a scorer served under a name of its own (not the registry's)
+        bad = []
+    if bad:
+        raise ValueError(f"reward {name!r}: {bad} cannot score video frames (the shapes world's rewards parse renders "
+                         f"of that world); send images [B, H, W, 3]")
 
 
 def _named(field: str, exc: Exception) -> str:
