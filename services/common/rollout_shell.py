@@ -142,7 +142,7 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
         given += [f"--reward-frames={reward_frames}"] if reward_frames != "first" else []
         if given:
             raise ConfigError(f"{', '.join(given)} (model.frames / height / width, reward_frames) apply to the video "
-                             f"models {sorted(VIDEO_MODELS)}, not {args.model!r}")
+                              f"models {sorted(VIDEO_MODELS)}, not {args.model!r}")
         return {}
     from solrl.models.wan import WAN_FAMILIES, check_clip
 
