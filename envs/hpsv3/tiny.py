@@ -12,9 +12,10 @@ Run with the hpsv3 environment's python (envs/hpsv3/install.sh; transformers 4.4
                                 than the base, as a fine-tuned checkpoint
         DIR/HPSv3_tiny.yaml     HPSv3's own inference config (the package's HPSv3_7B.yaml) pointed at DIR/base,
                                 in float32 (CPU)
-    ... tiny.py score IMAGES.npy PROMPTS.json OUT.npy       solrl's `hpsv3` reward (build_reward) -> [B] float32
-    ... tiny.py raw IMAGES.npy PROMPTS.json OUT.npy         HPSv3RewardInferencer.reward itself -> [B, 2] (mu, sigma)
-    ... tiny.py reference IMAGES.npy PROMPTS.json OUT.npy   [B, 2] without HPSv3's model class: transformers'
+    ... tiny.py score,raw,reference IMAGES.npy PROMPTS.json OUT.npz   (any of the three, comma-separated)
+        score: solrl's `hpsv3` reward (build_reward) -> [B] float32
+        raw: HPSv3RewardInferencer.reward itself -> [B, 2] (mu, sigma)
+        reference: [B, 2] without HPSv3's model class: transformers'
         own Qwen2VLForConditionalGeneration forward (1-D positions, as HPSv3's forward gives its decoder) on the
         checkpoint's weights, the last hidden state at the `<|Reward|>` token, and the head's three layers as
         plain matrix products of the tensors read from the file.
@@ -51,6 +52,9 @@ CHAT_TEMPLATE = (
 OPENAI_MEAN = [0.48145466, 0.4578275, 0.40821073]
 OPENAI_STD = [0.26862954, 0.26130258, 0.27577711]
 HIDDEN = 32
+# images per forward in `raw` / `reference`: Qwen2-VL's vision attention (SDPA, no flash-attn) masks one
+# sequence of every patch in the batch, so its cost grows with the square of the batch (~1000 patches an image)
+CHUNK = 4
 
 
 def _tokenizer(corpus: list[str]):
@@ -116,35 +120,35 @@ def build(out: Path, seed: int = 0) -> None:
     (out / "HPSv3_tiny.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def _inputs(path_images: str, path_prompts: str):
-    return np.load(path_images), json.loads(Path(path_prompts).read_text())
+def score(scorer, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+    """solrl's `hpsv3` reward -> [B] float32."""
+    return np.asarray(scorer(images, prompts), dtype=np.float32)
 
 
-def score(images: np.ndarray, prompts: list[str]) -> np.ndarray:
-    from solrl.rewards import build_reward
-
-    return np.asarray(build_reward("hpsv3")(images, prompts), dtype=np.float32)
-
-
-def raw(images: np.ndarray, prompts: list[str]) -> np.ndarray:
+def raw(scorer, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+    """HPSv3RewardInferencer.reward itself -> [B, 2] (mu, sigma)."""
     import torch
 
     from solrl.rewards.hps import HPSv3
 
-    scorer = HPSv3()
     with torch.inference_mode():
-        return scorer._inf.reward(image_paths=HPSv3.pil_images(images), prompts=list(prompts)).float().numpy()
+        return np.concatenate([scorer._inf.reward(image_paths=HPSv3.pil_images(images[i:i + CHUNK]),
+                                                  prompts=list(prompts[i:i + CHUNK])).float().numpy()
+                               for i in range(0, len(images), CHUNK)])
 
 
-def reference(images: np.ndarray, prompts: list[str]) -> np.ndarray:
-    """(mu, sigma) [B, 2] without hpsv3's model class (see the module docstring)."""
+def reference(scorer, images: np.ndarray, prompts: list[str]) -> np.ndarray:
+    """(mu, sigma) [B, 2] without hpsv3's model class (see the module docstring); only the scorer's inputs
+    (HPSv3's message through its processor) are shared."""
+    if len(images) > CHUNK:
+        return np.concatenate([reference(scorer, images[i:i + CHUNK], prompts[i:i + CHUNK])
+                               for i in range(0, len(images), CHUNK)])
     import torch
     from safetensors.torch import load_file
     from transformers import AutoProcessor, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     from solrl.rewards.hps import HPSv3
 
-    scorer = HPSv3()   # only its inferencer's inputs (processor + HPSv3's message) are used
     batch = scorer._inf.prepare_batch(HPSv3.pil_images(images), list(prompts))
     base = Path(scorer.base_model)
     state = load_file(os.environ["SOLRL_HPSV3_CHECKPOINT"])
@@ -176,9 +180,12 @@ def main(argv: list[str]) -> None:
         seed = int(argv[argv.index("--seed") + 1]) if "--seed" in argv else 0
         build(Path(argv[1]), seed)
         return
-    images, prompts = _inputs(argv[1], argv[2])
-    fn = {"score": score, "raw": raw, "reference": reference}[cmd]
-    np.save(argv[3], fn(images, prompts))
+    from solrl.rewards import build_reward
+
+    images, prompts = np.load(argv[1]), json.loads(Path(argv[2]).read_text())
+    scorer = build_reward("hpsv3")
+    fns = {"score": score, "raw": raw, "reference": reference}
+    np.savez(argv[3], **{cmd: fns[cmd](scorer, images, prompts) for cmd in cmd.split(",")})
 
 
 if __name__ == "__main__":

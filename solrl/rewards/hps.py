@@ -208,7 +208,10 @@ class HPSv3:
     needs_weights = True
 
     def __init__(self, checkpoint: str | Path | None = None, config: str | Path | None = None, *,
-                 device: str | None = None, batch_size: int = 8) -> None:
+                 device: str | None = None, batch_size: int = 4) -> None:
+        # batch_size: images per inferencer call. Without flash-attn (HPSv3 then uses SDPA), transformers 4.45's
+        # Qwen2-VL vision tower attends over one masked sequence of every patch in the call (~1000 an image), so
+        # its cost grows with the square of the batch: small batches
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         checkpoint = str(checkpoint or os.environ.get(HPSV3_ENV, "").strip())
