@@ -6,7 +6,7 @@ loading a checkpoint in HPSv3's layout. The model is a tiny same-class one (Qwen
 from a tiny config, seeded random weights, a locally trained tokenizer; envs/hpsv3/tiny.py), in float32 on CPU.
 The client side (gRPC, Triton client, `RemoteScorer`, `score_frames`) is solrl's own environment.
 
-Skipped, saying so, where the environment is not built (SOLRL_HPSV3_PYTHON, default envs/hpsv3/.venv/bin/python).
+Skipped, saying so, where the environment is not built (SOLRL_HPSV3_PYTHON, default .venv/hpsv3/bin/python).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from solrl.rewards.frames import score_frames
 from solrl.rewards.weights import MissingWeightsError
 
 REPO = Path(__file__).resolve().parents[1]
-HPY = Path(os.environ.get("SOLRL_HPSV3_PYTHON", "") or REPO / "envs/hpsv3/.venv/bin/python")
+HPY = Path(os.environ.get("SOLRL_HPSV3_PYTHON", "") or REPO / ".venv/hpsv3/bin/python")
 TINY = REPO / "envs/hpsv3/tiny.py"
 needs_env = pytest.mark.skipif(
     not HPY.is_file(), reason=f"the hpsv3 environment is not built ({HPY} absent): run envs/hpsv3/install.sh "

@@ -2,12 +2,13 @@
 # Builds the hpsv3 reward's own environment (docs/rewards.md, "HPSv3"): a venv with hpsv3 1.0.0 and its
 # transformers 4.45.2 beside solrl (installed --no-deps) and its reward service. Idempotent (a stamp newer than
 # requirements.txt skips the work). Then, e.g.:
-#   SOLRL_HPSV3_CHECKPOINT=/weights/HPSv3.safetensors HF_HUB_OFFLINE=1 envs/hpsv3/.venv/bin/solrl serve reward --rewards hpsv3
-# Environment: PY (the python to build from; python3), HPSV3_VENV (envs/hpsv3/.venv).
+#   SOLRL_HPSV3_CHECKPOINT=/weights/HPSv3.safetensors HF_HUB_OFFLINE=1 .venv/hpsv3/bin/solrl serve reward --rewards hpsv3
+# Environment: PY (the python to build from; python3), HPSV3_VENV (.venv/hpsv3: beside solrl's own environment,
+# inside the directory git and the Docker build context already ignore).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python3}
-VENV=${HPSV3_VENV:-envs/hpsv3/.venv}
+VENV=${HPSV3_VENV:-.venv/hpsv3}
 STAMP=$VENV/.installed
 if [ -f "$STAMP" ] && [ "$STAMP" -nt envs/hpsv3/requirements.txt ] && [ "$STAMP" -nt envs/hpsv3/install.sh ]; then
   echo "envs/hpsv3: $VENV is up to date"; exit 0

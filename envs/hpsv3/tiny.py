@@ -2,7 +2,7 @@
 
 Run with the hpsv3 environment's python (envs/hpsv3/install.sh; transformers 4.45.2, hpsv3 1.0.0):
 
-    envs/hpsv3/.venv/bin/python envs/hpsv3/tiny.py build DIR [--seed 0]
+    .venv/hpsv3/bin/python envs/hpsv3/tiny.py build DIR [--seed 0]
         DIR/base/               a Qwen2-VL (Qwen2VLForConditionalGeneration, tiny config, seeded random weights)
                                 with a locally built byte-level BPE tokenizer and a Qwen2VLProcessor: what
                                 HPSv3's `model_name_or_path` (Qwen/Qwen2-VL-7B-Instruct) is for the real model

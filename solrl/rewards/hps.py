@@ -342,7 +342,7 @@ def _check_hpsv3_environment() -> None:
     if importlib.util.find_spec("hpsv3") is None:
         raise ImportError(f"hpsv3: the `hpsv3` package is not installed here. It pins transformers=={HPSV3_TRANSFORMERS} "
                           "(solrl uses 5.x), so it runs in its own environment: envs/hpsv3/install.sh, then "
-                          "`envs/hpsv3/.venv/bin/solrl serve reward --rewards hpsv3` (docs/rewards.md, HPSv3)")
+                          "`.venv/hpsv3/bin/solrl serve reward --rewards hpsv3` (docs/rewards.md, HPSv3)")
     import transformers
 
     if transformers.__version__ != HPSV3_TRANSFORMERS:
