@@ -109,7 +109,9 @@ register_reward("imagereward", "solrl.rewards.imagereward:ImageReward", needs_we
                 weights="SOLRL_IMAGEREWARD_CHECKPOINT (ImageReward.pt; default repo THUDM/ImageReward), "
                         "SOLRL_IMAGEREWARD_TOKENIZER (default google-bert/bert-base-uncased)")
 register_reward("hpsv3", "solrl.rewards.hps:HPSv3", needs_weights=True,
-                weights="SOLRL_HPSV3_CHECKPOINT (HPSv3.safetensors) + the hpsv3 package in its own environment")
+                weights="SOLRL_HPSV3_CHECKPOINT (HPSv3.safetensors), SOLRL_HPSV3_CONFIG (default the package's "
+                        "HPSv3_7B.yaml: base Qwen/Qwen2-VL-7B-Instruct); runs in its own environment "
+                        "(envs/hpsv3/install.sh)")
 
 
 __all__ = ["MissingWeightsError", "RewardInfo", "Scorer", "available_rewards", "build_reward", "check_images",
