@@ -6,7 +6,8 @@ loading a checkpoint in HPSv3's layout. The model is a tiny same-class one (Qwen
 from a tiny config, seeded random weights, a locally trained tokenizer; envs/hpsv3/tiny.py), in float32 on CPU.
 The client side (gRPC, Triton client, `RemoteScorer`, `score_frames`) is solrl's own environment.
 
-Skipped, saying so, where the environment is not built (SOLRL_HPSV3_PYTHON, default .venv/hpsv3/bin/python).
+Skipped, saying so, where the environment is not built (SOLRL_HPSV3_PYTHON, default .venv/hpsv3/bin/python),
+unless SOLRL_REQUIRE_HPSV3_ENV=1 (CI), which makes that a failure.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from solrl.rewards.weights import MissingWeightsError
 REPO = Path(__file__).resolve().parents[1]
 HPY = Path(os.environ.get("SOLRL_HPSV3_PYTHON", "") or REPO / ".venv/hpsv3/bin/python")
 TINY = REPO / "envs/hpsv3/tiny.py"
+# CI builds the environment and sets SOLRL_REQUIRE_HPSV3_ENV=1: then a missing one fails instead of skipping
+REQUIRED = os.environ.get("SOLRL_REQUIRE_HPSV3_ENV") == "1"
 needs_env = pytest.mark.skipif(
-    not HPY.is_file(), reason=f"the hpsv3 environment is not built ({HPY} absent): run envs/hpsv3/install.sh "
+    not HPY.is_file() and not REQUIRED, reason=f"the hpsv3 environment is not built ({HPY} absent): run envs/hpsv3/install.sh "
                               "(about 2 minutes; its own transformers 4.45.2), or set SOLRL_HPSV3_PYTHON")
 PROMPTS = ["a red fox in the snow", "a red fox in the snow", "a bowl of fruit on a table", "a city at night"]
 
@@ -100,6 +103,7 @@ class Service:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
+    assert HPY.is_file(), f"SOLRL_REQUIRE_HPSV3_ENV=1 but {HPY} is absent: run envs/hpsv3/install.sh"
     out = tmp_path_factory.mktemp("hpsv3") / "tiny"
     proc = subprocess.run([str(HPY), str(TINY), "build", str(out), "--seed", "0"], cwd=REPO, env=hpsv3_env(None),
                           capture_output=True, text=True, timeout=300)
