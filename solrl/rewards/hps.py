@@ -12,10 +12,11 @@ with black, then the OpenAI CLIP mean / std — HPSv2's evaluation transform (Re
 Sources: SOLRL_HPSV2_CHECKPOINT (file, or a directory / cached repo `xswu/HPSv2` holding it) and
 SOLRL_HPSV2_TOKENIZER (default laion/CLIP-ViT-H-14-laion2B-s32B-b79K, tokenizer files only).
 
-`hpsv3`: a Qwen2-VL-7B reward model (Ma et al. 2025, MizzenAI/HPSv3). Loaded through the `hpsv3`
-package (its own image or environment: it pins its own transformers) with the checkpoint from
-SOLRL_HPSV3_CHECKPOINT; score = the predicted mean (mu). Not runnable or tested here (no package,
-no weights, 7B model): only its error path is.
+`hpsv3`: a Qwen2-VL-7B reward model (Ma et al. 2025, MizzenAI/HPSv3), scored by the `hpsv3` package's own
+`HPSv3RewardInferencer` with the checkpoint from SOLRL_HPSV3_CHECKPOINT and the config from SOLRL_HPSV3_CONFIG
+(default: the package's HPSv3_7B.yaml); score = the predicted mean (mu). The package pins transformers 4.45.2,
+so it runs in its own environment (envs/hpsv3, the `hpsv3` target of services/Dockerfile) behind the reward
+service; tests/test_hpsv3.py runs it there on a tiny same-class checkpoint (docs/rewards.md, "HPSv3").
 """
 
 from __future__ import annotations
@@ -277,9 +278,12 @@ class HPSv3:
             _check_hpsv3_environment()
         except ImportError as err:
             return out + [str(err)]
-        config = hpsv3_config()
-        if hpsv3_base_model(config) is None:
-            out.append(f"base model of {config} ({HPSV3_BASE} by default, in the HF cache)")
+        try:
+            config = hpsv3_config()
+            if hpsv3_base_model(config) is None:
+                out.append(f"base model of {config} ({HPSV3_BASE} by default, in the HF cache)")
+        except Exception as err:   # a config that is not a file, or not YAML: reported, never raised
+            out.append(str(err))
         return out
 
 
