@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv protos demo test test-fast test-compose lint clean
+.PHONY: venv protos demo test test-fast test-compose lint clean hpsv3-env
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,11 @@ lint: $(STAMP)
 
 test: protos lint
 	$(BIN)/python -m pytest -q
+
+# The hpsv3 reward's own environment (.venv/hpsv3: transformers 4.45.2, docs/rewards.md): tests/test_hpsv3.py
+# runs its reward service from there and skips, saying so, where it was not built (CI builds it: .ci/run)
+hpsv3-env: $(STAMP)
+	bash envs/hpsv3/install.sh
 
 # docker-compose.cpu.yml on a real Docker engine (docker SDK): build, up, 2 epochs + a trainer restart, down
 test-compose: protos
