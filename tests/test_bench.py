@@ -132,7 +132,7 @@ def test_curve_interval_and_cost_model():
 
 
 def test_curve_prices_flow_grpo_and_reads_modes_at_equal_cost():
-    from solrl.bench.curve import MODES, at_equal_cost, claims, markdown, pair_cost
+    from solrl.bench.curve import MODES, at_equal_cost, claims, difference, markdown, pair_cost
     from solrl.config import apply_overrides, get_preset
 
     def cost(mode, *sets):  # apply_overrides sets the preset's fields in place: a fresh preset each time
@@ -166,10 +166,12 @@ def test_curve_prices_flow_grpo_and_reads_modes_at_equal_cost():
     at_equal_cost(modes)
     assert modes["flow_grpo"]["at_budget"]["reward_mean"] == pytest.approx(0.71)
     (line,) = claims(modes)  # one pair of the four ran: FlowGRPO against DiffusionNFT in one stage
-    assert line.startswith("FlowGRPO vs DiffusionNFT, one stage") and "flow_grpo is higher (intervals apart)" in line
-    modes["diffusion_nft"]["runs"][0]["points"][1]["reward"] = 0.8  # a wide interval: no longer apart
+    assert line.startswith("FlowGRPO vs DiffusionNFT, one stage") and line.endswith("-> flow_grpo is higher")
+    assert "difference +0.100 ± " in line  # Welch: sqrt(2 * 0.01^2 / 3) * t(4 dof) = 0.0227
+    assert difference([0.7, 0.71, 0.72], [0.6, 0.61, 0.62])[1] == pytest.approx(2.776445 * 0.01 * np.sqrt(2 / 3), rel=1e-5)
+    modes["diffusion_nft"]["runs"][0]["points"][1]["reward"] = 0.8  # a wide spread: the difference is not shown
     at_equal_cost(modes)
-    assert claims(modes)[0].endswith("same reward within the intervals")
+    assert claims(modes)[0].endswith("-> undecided: the difference's interval holds 0")
     md = markdown({"modes": {k: {**v, "epochs": [{"epoch": 0, "reward_mean": 0.5, "reward_ci95": 0.0}]}
                              for k, v in modes.items()}, "reward": "shapes", "eval_reward": "shapes", "epochs": 3,
                    "repeats": 3, "seed": 0, "eval_every": 1, "claims": claims(modes)})

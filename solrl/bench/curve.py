@@ -338,13 +338,31 @@ def claims(modes: dict[str, Any]) -> list[str]:
     return out
 
 
+def difference(a: list[float], b: list[float]) -> tuple[float, float]:
+    """(mean(a) - mean(b), half-width of its 95% Welch interval): the runs of two modes are independent samples
+    with their own spread; NaN half-width with fewer than two runs on a side."""
+    from scipy import stats
+
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    diff = float(x.mean() - y.mean())
+    if len(x) < 2 or len(y) < 2:
+        return diff, float("nan")
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    if vx + vy == 0:
+        return diff, 0.0
+    dof = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
+    return diff, float(stats.t.ppf(0.975, dof) * math.sqrt(vx + vy))
+
+
 def _versus(modes: dict[str, Any], a: str, b: str, what: str) -> str:
-    """`a` against `b` at the same compute (at_equal_cost), with whether their intervals are apart."""
+    """`a` against `b` at the same compute (at_equal_cost): the difference of their means with its Welch interval."""
     x, y = modes[a]["at_budget"], modes[b]["at_budget"]
-    verdict = ("same reward within the intervals" if _overlap(x, y) else
-               f"{a if x['reward_mean'] > y['reward_mean'] else b} is higher (intervals apart)")
+    diff, half = difference(x["rewards"], y["rewards"])
+    verdict = ("undecided: the difference's interval holds 0" if math.isnan(half) or abs(diff) <= half else
+               f"{a if diff > 0 else b} is higher")
     return (f"{what}: at {x['cost_bf16_fwd']:.0f} BF16-forward equivalents each, {a} {_ci(x['reward_mean'], x['reward_ci95'])} "
-            f"vs {b} {_ci(y['reward_mean'], y['reward_ci95'])} ({x['epochs']} vs {y['epochs']} epochs' cost) -> {verdict}")
+            f"vs {b} {_ci(y['reward_mean'], y['reward_ci95'])} ({x['epochs']} vs {y['epochs']} epochs' cost); "
+            f"difference {diff:+.3f}" + ("" if math.isnan(half) else f" ± {half:.3f} (95%, Welch)") + f" -> {verdict}")
 
 
 def _grpo_claims(modes: dict[str, Any]) -> list[str]:
@@ -430,7 +448,8 @@ def markdown(r: dict[str, Any], name: str = "curve") -> str:
             f"cost of the modes (interpolated between evaluated epochs; the epochs that cost buys in brackets). CPU wall-clock "
             f"counts emulated FP4, which is slower than BF16 here.\n\n" + "\n".join(lines) + "\n"
             + "\n".join(per_epoch) + "\n" + _auto_lines(r)
-            + ("\nThe claims on these runs (the paper's, where its four modes ran):\n\n"
+            + ("\nThe comparisons on these runs (the paper's claims where its four modes ran; FlowGRPO and DiffusionNFT, "
+               "one and two stages, at equal compute where they ran):\n\n"
                + "\n".join(f"- {c}" for c in r["claims"]) + "\n" if r["claims"] else
                "\nNo claim of the paper is checked: it compares modes, and one ran here.\n"))
 
