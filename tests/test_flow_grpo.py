@@ -130,7 +130,8 @@ def test_trainer_recomputes_the_recorded_log_probs(random_model_dir, guidance): 
             lp = trainer.transition(batch, idx, tj, "default").log_prob
         diff = (lp - gen.log_probs[idx, tj]).abs().max().item()
         worst = max(worst, diff)
-        assert torch.equal(torch.exp(lp - gen.log_probs[idx, tj]), torch.ones(len(idx)))  # float32 ratio: exactly 1
+        # the float32 ratio: 1 to a float32 step or two (exactly 1 on some CPUs; their GEMMs differ by batch shape)
+        assert (torch.exp(lp - gen.log_probs[idx, tj]) - 1).abs().max().item() <= RATIO_TOL
     assert worst <= 1e-6, worst
     with torch.no_grad():  # and a different policy gives different log-probs: the check can fail
         for p in sess.adapters.trainable_parameters():
