@@ -148,8 +148,7 @@ def model_options(args: argparse.Namespace) -> dict[str, Any]:
 
     fam, (temporal, multiple) = WAN_FAMILIES[args.model], VIDEO_MODELS[args.model]
     try:
-        check_clip(clip["frames"] or fam.frames, clip["height"] or fam.height, clip["width"] or fam.width, temporal,
-                   multiple, args.model)
+        check_clip(*fam.clip(clip["frames"], clip["height"], clip["width"]), temporal, multiple, args.model)
     except ValueError as exc:
         raise ConfigError(f"the served clip (--frames / --height / --width, else the run's): {exc}") from None
     return {**{k: v for k, v in clip.items() if v}, "reward_frames": reward_frames}

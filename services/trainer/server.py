@@ -241,9 +241,8 @@ def run_clip(cfg: RunConfig) -> dict[str, Any]:
         return {}
     from solrl.models.wan import WAN_FAMILIES
 
-    fam = WAN_FAMILIES[cfg.model.name]
-    return {"frames": cfg.model.frames or fam.frames, "height": cfg.model.height or fam.height,
-            "width": cfg.model.width or fam.width, "reward_frames": cfg.reward_frames}
+    frames, height, width = WAN_FAMILIES[cfg.model.name].clip(cfg.model.frames, cfg.model.height, cfg.model.width)
+    return {"frames": frames, "height": height, "width": width, "reward_frames": cfg.reward_frames}
 
 
 def clip_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> list[str]:

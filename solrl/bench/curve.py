@@ -347,11 +347,10 @@ def difference(a: list[float], b: list[float]) -> tuple[float, float]:
     diff = float(x.mean() - y.mean())
     if len(x) < 2 or len(y) < 2:
         return diff, float("nan")
-    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
-    if vx + vy == 0:
+    if x.var() + y.var() == 0:  # no spread on either side: scipy's interval is undefined (0 / 0)
         return diff, 0.0
-    dof = (vx + vy) ** 2 / (vx**2 / (len(x) - 1) + vy**2 / (len(y) - 1))
-    return diff, float(stats.t.ppf(0.975, dof) * math.sqrt(vx + vy))
+    ci = stats.ttest_ind(x, y, equal_var=False).confidence_interval(0.95)
+    return diff, float(ci.high - ci.low) / 2
 
 
 def _versus(modes: dict[str, Any], a: str, b: str, what: str) -> str:

@@ -49,6 +49,10 @@ class WanFamily(Family):
     experts: tuple[str, ...] = ("transformer",)   # pipeline components that denoise, high-noise expert first
     sample_steps: int = 50             # the original sampler's steps (the presets' evaluation steps)
 
+    def clip(self, frames: int | None = 0, height: int | None = 0, width: int | None = 0) -> tuple[int, int, int]:
+        """(frames, height, width) of a clip as asked, each unset one (0 / None) the checkpoint's default."""
+        return int(frames or self.frames), int(height or self.height), int(width or self.width)
+
 
 # Layers kept in high precision by the explorer: the embedders (patch, timestep / text condition), the output
 # projection and norms (Wan's are RMSNorm / LayerNorm, no Linear, but the pattern keeps the rule of the image
@@ -144,7 +148,7 @@ class WanModel(T2IModel):
         self.reward_frames = reward_frames
         self.temporal = int(pipe.vae_scale_factor_temporal)
         self.spatial = int(pipe.vae_scale_factor_spatial)
-        self.frames, self.height, self.width = int(frames or fam.frames), int(height or fam.height), int(width or fam.width)
+        self.frames, self.height, self.width = fam.clip(frames, height, width)
         cfg = self._expert(self.transformer, 0).config
         self.patch = tuple(int(p) for p in cfg.patch_size)
         check_clip(self.frames, self.height, self.width, self.temporal, self.spatial * self.patch[1], fam.name,
