@@ -105,6 +105,8 @@ class RolloutConfig:
 class TrainConfig:
     algo: str = "nft"                   # nft (DiffusionNFT) | flow_grpo (PPO-clipped GRPO on SDE log-probs)
     lr: float = 3e-4
+    conv_lr: float = 0.0                # learning rate of the LoRA on convolution targets (lora.targets such as conv1,
+                                        # conv2); 0 = train.lr
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 1e-4
     eps: float = 1e-8
@@ -195,6 +197,8 @@ class RunConfig:
             raise ConfigError("sampler.guidance must be >= 1 and sampler.shift > 0")
         if not 0 < t.timestep_fraction <= 1:
             raise ConfigError(f"train.timestep_fraction must be in (0, 1], got {t.timestep_fraction}")
+        if not t.conv_lr >= 0 or t.conv_lr == float("inf"):
+            raise ConfigError(f"train.conv_lr must be a finite float >= 0 (0: train.lr), got {t.conv_lr}")
         for name in ("lr", "micro_batch", "beta", "adv_clip_max", "max_grad_norm"):
             if getattr(t, name) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")

@@ -46,8 +46,16 @@ class NFTTrainer:
                  shift: float = 1.0) -> None:
         self.model, self.adapters, self.cfg = model, adapters, cfg
         self.params = adapters.trainable_parameters()
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
-                                     eps=cfg.eps)
+        # train.conv_lr > 0: the LoRA on convolutions in a second parameter group at its own learning rate (one
+        # group otherwise, so optimizer checkpoints of runs without it keep their layout)
+        conv = {id(p) for p in adapters.conv_parameters(adapters.TRAINABLE)} if cfg.conv_lr > 0 else set()
+        if cfg.conv_lr > 0 and not conv:
+            raise ConfigError(f"train.conv_lr={cfg.conv_lr} sets the learning rate of the LoRA on convolutions, but no "
+                              f"LoRA target is a convolution (lora.targets, e.g. add conv1,conv2 for a UNet)")
+        groups: list[dict] = [{"params": [p for p in self.params if id(p) not in conv]}]
+        if conv:
+            groups.append({"params": [p for p in self.params if id(p) in conv], "lr": cfg.conv_lr})
+        self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, eps=cfg.eps)
         self.nft = NFTConfig(beta=cfg.beta, adv_clip_max=cfg.adv_clip_max, kl_beta=cfg.kl_beta,
                              timestep_fraction=cfg.timestep_fraction)
         # Training timesteps are the rollout grid (the sigmas the samples were generated on, t > 0).

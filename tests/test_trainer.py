@@ -100,3 +100,43 @@ def test_old_adapter_is_decayed_once_per_epoch(session):
     d = trainer.old_decay(trainer.global_step)
     for o0, o1, new in zip(old_before, session.adapters.parameters("old"), trainer.params):
         torch.testing.assert_close(o1, o0.lerp(new.detach(), 1.0 - d), rtol=0, atol=0)
+
+
+def test_conv_lr_trains_the_conv_lora_at_its_own_rate(tmp_path):
+    """train.conv_lr puts the LoRA on convolution targets (a UNet's conv1 / conv2) in its own optimizer group: after
+    an epoch those tensors have moved at most what Adam's steps at conv_lr allow, the attention LoRA much more."""
+    from solrl.models.shapes import ShapesModel
+
+    ShapesModel.random(seed=0, denoiser="unet", heads=4).save(tmp_path / "unet")
+    targets = "lora.targets=to_q,to_k,to_v,to_out.0,conv1,conv2"
+    cfg = tiny_cfg(tmp_path / "unet", extra=[targets, "train.conv_lr=1e-6", "train.optimizer_steps_per_epoch=0"])
+    session = Session.build(cfg)
+    trainer, adapters = session.trainer, session.adapters
+    conv = adapters.conv_parameters("default")
+    assert conv and len(conv) < len(trainer.params)
+    groups = trainer.opt.param_groups
+    assert [g["lr"] for g in groups] == [cfg.train.lr, 1e-6]
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in conv}
+    assert {id(p) for g in groups for p in g["params"]} == {id(p) for p in trainer.params}
+    before = {id(p): p.detach().clone() for p in trainer.params}
+    rec = session.epoch(0)
+    steps = rec["train.optimizer_steps"]
+    # Adam moves an element by at most lr * (1 - b1) / sqrt(1 - b2) (about 3.2 lr) per step, plus weight decay
+    bound = steps * 1e-6 * 4
+    conv_ids = {id(p) for p in conv}
+    moved = {id(p): float((p.detach() - before[id(p)]).abs().max()) for p in trainer.params}
+    assert max(moved[i] for i in conv_ids) <= bound
+    assert max(m for i, m in moved.items() if i not in conv_ids) > 20 * bound
+    # and the conv factors did move: the group is trained at its rate, not frozen
+    assert max(moved[i] for i in conv_ids) > 0
+
+
+def test_conv_lr_is_checked():
+    with pytest.raises(ConfigError, match="train.conv_lr must be a finite float >= 0"):
+        apply_overrides(get_preset("shapes-sol-rl"), ["train.conv_lr=-1e-4"]).validate()
+
+
+def test_conv_lr_without_a_conv_target_is_refused(random_model_dir):  # noqa: F811
+    """The default targets of the transformer test model are Linears only: a conv_lr would set nothing."""
+    with pytest.raises(ConfigError, match="no LoRA target is a convolution"):
+        Session.build(tiny_cfg(random_model_dir, extra=["train.conv_lr=1e-4"]))

@@ -161,6 +161,13 @@ class LoraAdapters:
         """The tensors of "default", the only ones that require grad."""
         return self.parameters(self.TRAINABLE)
 
+    def conv_parameters(self, name: str) -> list[nn.Parameter]:
+        """The tensors of adapter ``name`` on convolution layers (targets such as a UNet's ``conv1`` / ``conv2``),
+        a subset of ``parameters(name)`` in the same order; empty when every target is a Linear."""
+        self._check_name(name)
+        return [p for _, layer in self._layers if isinstance(layer.get_base_layer(), nn.modules.conv._ConvNd)
+                for p in (layer.lora_A[name].weight, layer.lora_B[name].weight)]
+
     @torch.no_grad()
     def copy_(self, dst: str, src: str) -> None:
         """Copy adapter ``src`` into ``dst`` in place (parameter objects are kept)."""
