@@ -32,8 +32,11 @@ _SUMMARY_KEYS = ("exact_match", "dense_mean", "dense_spearman")
 
 
 def summary_metrics(result: dict[str, Any]) -> dict[str, Any]:
-    """The per-attribute accuracies, exact-match rate and dense-reward figures of one evaluation result."""
-    return {k: v for k, v in result.items() if k.endswith("_accuracy") or k in _SUMMARY_KEYS}
+    """The per-attribute accuracies, exact-match rate and dense-reward figures of one evaluation result, and
+    the mean reward of each caption form as `form_<form>` (shapes world: single, position, count, relation)."""
+    out = {k: v for k, v in result.items() if k.endswith("_accuracy") or k.startswith("form_") or k in _SUMMARY_KEYS}
+    out.update({f"form_{k}": v for k, v in result.get("by_form", {}).items()})
+    return out
 
 
 def eval_prompts(n: int, held: list[str] | None = None) -> list[str]:

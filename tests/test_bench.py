@@ -117,6 +117,21 @@ def test_curve_small(tmp_path):
     assert len(r["claims"]) == 3 and all("->" in c for c in r["claims"])
     assert (tmp_path / "curve.png").stat().st_size > 1000
     assert "95%" in (tmp_path / "curve.md").read_text()
+    # the reward per caption form: each run's points carry the evaluation's by-form means (their mean over the
+    # evaluated images equals the reward), the summary their interval, the markdown a before -> final table
+    assert sum(r["eval_forms"].values()) == 4   # --small evaluates 4 prompts
+    for m in r["modes"].values():
+        for run in m["runs"]:
+            for p in run["points"]:
+                assert set(p["by_form"]) == set(r["eval_forms"])
+                weighted = sum(p["by_form"][k] * n for k, n in r["eval_forms"].items()) / 4
+                assert weighted == pytest.approx(p["reward"], abs=1e-9)
+        final = m["final"]["by_form"]
+        for k in r["eval_forms"]:
+            assert final[k]["mean"] == pytest.approx(np.mean([run["points"][-1]["by_form"][k] for run in m["runs"]]),
+                                                     abs=1e-4)
+    md = (tmp_path / "curve.md").read_text()
+    assert "Held-out reward by caption form" in md and "| mode | " + " | ".join(sorted(r["eval_forms"])) + " |" in md
 
 
 def test_curve_interval_and_cost_model():

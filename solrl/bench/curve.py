@@ -154,7 +154,8 @@ def one_run(preset: str, sets: list[str], run_dir: Path) -> dict[str, Any]:
         if "eval.mean_reward" in r:
             points.append({"epoch": r["epoch"], "wall_s": round(clock, 2), "cost_bf16_fwd": round(cost, 1),
                            "reward": r["eval.mean_reward"], "exact_match": r.get("eval.exact_match"),
-                           "shape_accuracy": r.get("eval.shape_accuracy")})
+                           "shape_accuracy": r.get("eval.shape_accuracy"),
+                           "by_form": {k[len("eval.form_"):]: v for k, v in r.items() if k.startswith("eval.form_")}})
         for cal in cals:  # a calibration after epoch e is paid for by epoch e + 1
             if cal["epoch"] == r["epoch"]:
                 c = calibration_cost(cal)
@@ -186,6 +187,24 @@ def run_all(jobs: list[tuple[str, list[str], Path]], workers: int) -> list[dict[
         return list(pool.map(one_run, *zip(*jobs)))
 
 
+def eval_forms(preset: str, sets: list[str]) -> dict[str, int]:
+    """How many of the run's evaluated prompts have each caption form (a shapes-world set; {} otherwise)."""
+    from solrl.config import apply_overrides, get_preset
+    from solrl.evaluate import eval_prompt_set
+    from solrl.prompts import is_shapes_set
+    from solrl.world.shapes import parse
+
+    cfg = apply_overrides(get_preset(preset), list(sets))
+    if not is_shapes_set(cfg.prompts.eval):
+        return {}
+    counts: dict[str, int] = {}
+    for caption in eval_prompt_set(cfg.prompts.eval, cfg.eval.prompts):
+        spec = parse(caption)
+        form = "position" if spec.position else spec.form
+        counts[form] = counts.get(form, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per evaluated epoch: mean and 95% interval of the reward (and exact match) over the runs."""
     epochs = [p["epoch"] for p in runs[0]["points"]]
@@ -201,6 +220,13 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if all(x is not None for x in em):
             m, h = interval(em)
             row.update({"exact_match_mean": round(m, 4), "exact_match_ci95": round(h, 4) if not math.isnan(h) else None})
+        forms = [r["points"][i].get("by_form") or {} for r in runs]
+        shared = sorted(set.intersection(*(set(f) for f in forms)))
+        if shared:  # the shapes world's reward per caption form (single, position, count, relation)
+            row["by_form"] = {}
+            for name in shared:
+                m, h = interval([f[name] for f in forms])
+                row["by_form"][name] = {"mean": round(m, 4), "ci95": round(h, 4) if not math.isnan(h) else None}
         table.append(row)
     return {"epochs": table, "final": table[-1], "before": table[0],
             "cost_per_epoch": float(np.mean([r["cost_per_epoch"] for r in runs])),
@@ -251,7 +277,7 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
         m["epochs_to_nft_final"] = hit["epoch"] if hit else None
         m["cost_to_nft_final"] = hit["cost_bf16_fwd"] if hit else None
     at_equal_cost(modes)
-    result = {"epochs": n_epochs, "eval_every": every, "repeats": n_runs, "seed": seed, "jobs": jobs,
+    result = {"eval_forms": eval_forms(MODES[chosen[0]][0], sets), "epochs": n_epochs, "eval_every": every, "repeats": n_runs, "seed": seed, "jobs": jobs,
               "threads_per_run": per_run, "reward": reward or "shapes", "trained_modes": list(chosen),
               "compared_with": {"file": Path(compare).name, "modes": sorted(earlier)} if compare else None,
               "eval_reward": judge, "settings": sets, "nft_final_reward": target, "claims": claims(modes), "modes": modes}
@@ -437,6 +463,7 @@ def markdown(r: dict[str, Any], name: str = "curve") -> str:
     for mode, m in r["modes"].items():
         per_epoch.append(f"| {mode} | " + " | ".join(_ci(row["reward_mean"], row["reward_ci95"]) for row in m["epochs"])
                          + " |")
+    per_epoch += _form_lines(r)
     return (f"Trained on `{r['reward']}`, evaluated with `{r['eval_reward']}`, "
             f"{r['epochs']} epochs per run, {r['repeats']} run seeds per mode from seed {r['seed']}, held-out "
             f"reward every {r['eval_every']} epochs; plot `{name}.png`. Cost counts the quantized layers of an FP4 forward "
@@ -451,6 +478,24 @@ def markdown(r: dict[str, Any], name: str = "curve") -> str:
                "one and two stages, at equal compute where they ran):\n\n"
                + "\n".join(f"- {c}" for c in r["claims"]) + "\n" if r["claims"] else
                "\nNo claim of the paper is checked: it compares modes, and one ran here.\n"))
+
+
+def _form_lines(r: dict[str, Any]) -> list[str]:
+    """The held-out reward per caption form before and after training (shapes world), for the modes that
+    recorded it: where a mode's gain comes from."""
+    rows = [(mode, m["before"].get("by_form"), m["final"].get("by_form")) for mode, m in r["modes"].items()]
+    rows = [(mode, b, f) for mode, b, f in rows if b and f]
+    if not rows:
+        return []
+    forms = sorted({k for _, _, f in rows for k in f})
+    held = r.get("eval_forms") or {}
+    counts = f"; the evaluated prompts: {', '.join(f'{held[k]} {k}' for k in forms if k in held)}" if held else ""
+    out = ["", f"Held-out reward by caption form, before -> final (mean ± 95% interval over run seeds{counts}):", "",
+           "| mode | " + " | ".join(forms) + " |", "|---|" + "---|" * len(forms)]
+    for mode, b, f in rows:
+        out.append(f"| {mode} | " + " | ".join(f"{b[k]['mean']:.3f} -> {_ci(f[k]['mean'], f[k]['ci95'])}"
+                                               if k in b and k in f else "-" for k in forms) + " |")
+    return out
 
 
 def _auto_lines(r: dict[str, Any]) -> str:
