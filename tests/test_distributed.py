@@ -132,6 +132,13 @@ def test_distributed_run_matches_the_embedded_loop(model_dir, queue, tmp_path):
     assert series[("solrl_train_reward", (("kind", "rollout"), ("run", "t1")))] == pytest.approx(recs[-1]["rollout.reward_mean"])
     assert series[("solrl_train_reward", (("kind", "heldout"), ("run", "t1")))] == pytest.approx(recs[-1]["eval.mean_reward"])
     assert series[("solrl_train_loss", (("run", "t1"),))] == pytest.approx(recs[-1]["train.loss"])
+    # the evaluations' summary (attribute accuracies, exact match, the reward per caption form) as the embedded
+    # loop records it, equal to the run's eval.json
+    for rec, epoch in ((recs[0], 0), (recs[-1], 2)):
+        ev = json.loads((tmp_path / "dist" / "eval" / f"epoch_{epoch:04d}" / "eval.json").read_text())
+        assert rec["eval.exact_match"] == ev["exact_match"] and rec["eval.shape_accuracy"] == ev["shape_accuracy"]
+        forms = ev["results"][str(ev["steps"][0])]["by_form"]
+        assert forms and {k: rec[f"eval.form_{k}"] for k in forms} == forms
     assert series[("solrl_train_stage_seconds_count", (("run", "t1"), ("stage", "train")))] == 2
     assert series[("solrl_train_stage_seconds_count", (("run", "t1"), ("stage", "eval")))] == 2  # base + final
     assert series[("solrl_queue_depth", (("stream", STREAM_ROLLOUTS),))] == queue.length(STREAM_ROLLOUTS)
