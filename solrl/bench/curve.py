@@ -277,7 +277,8 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
         m["epochs_to_nft_final"] = hit["epoch"] if hit else None
         m["cost_to_nft_final"] = hit["cost_bf16_fwd"] if hit else None
     at_equal_cost(modes)
-    result = {"eval_forms": eval_forms(MODES[chosen[0]][0], sets), "epochs": n_epochs, "eval_every": every, "repeats": n_runs, "seed": seed, "jobs": jobs,
+    result = {"eval_forms": eval_forms(MODES[chosen[0]][0], sets),
+              "epochs": n_epochs, "eval_every": every, "repeats": n_runs, "seed": seed, "jobs": jobs,
               "threads_per_run": per_run, "reward": reward or "shapes", "trained_modes": list(chosen),
               "compared_with": {"file": Path(compare).name, "modes": sorted(earlier)} if compare else None,
               "eval_reward": judge, "settings": sets, "nft_final_reward": target, "claims": claims(modes), "modes": modes}
