@@ -116,6 +116,23 @@ def _score(scorer: Scorer, images: np.ndarray, prompts: list[str]) -> tuple[np.n
     return np.asarray(scorer(images, prompts), dtype=np.float64), extra
 
 
+def group_stats(totals: np.ndarray, flat_prompts: list[str], seeds_per_prompt: int) -> dict[str, dict[str, float]]:
+    """What RL has to rank within each prompt's group of seeds, per caption form (shapes world): the share of
+    prompts with at least one exactly right seed, the mean population std of a group's rewards, and the mean
+    of (best - mean) over groups. `totals` holds each prompt's seeds consecutively, as `evaluate` samples them."""
+    groups = np.asarray(totals, dtype=np.float64).reshape(-1, seeds_per_prompt)
+    forms: dict[str, list[int]] = {}
+    for i in range(len(groups)):
+        spec = parse(flat_prompts[i * seeds_per_prompt])
+        forms.setdefault("position" if spec.position else spec.form, []).append(i)
+    out = {}
+    for form, rows in sorted(forms.items()):
+        g = groups[rows]
+        out[form] = {"prompts": len(rows), "with_an_exact_seed": float((g >= 0.999).any(axis=1).mean()),
+                     "group_std": float(g.std(axis=1).mean()), "best_minus_mean": float((g.max(1) - g.mean(1)).mean())}
+    return out
+
+
 def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], prompts: list[str],
              seeds_per_prompt: int, seed: int, sampler: SamplerSpec, scorer: Scorer | None = None,
              micro_batch: int = 128, cache: PromptCache | None = None
@@ -133,6 +150,8 @@ def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], pr
         t0 = time.time()
         gen = generate(model, transformer, flat_p, flat_s, n_steps, sampler, micro_batch, cache)
         totals, extra = _score(reward, gen.images, flat_p)
+        if seeds_per_prompt > 1 and "by_form" in extra:
+            extra["groups_by_form"] = group_stats(totals, flat_p, seeds_per_prompt)
         res: dict[str, Any] = {"mean_reward": float(totals.mean()), "n": len(totals),
                                "sample_time_s": round(time.time() - t0, 2), **extra}
         results[str(n_steps)] = res

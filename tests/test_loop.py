@@ -171,10 +171,29 @@ def test_cli_train_then_eval_of_the_run(random_model_dir, tmp_path, capsys):
     assert all(torch.equal(v, saved[f"ema/{k}"]) for k, v in ema1.items())
     assert any(not torch.equal(v, ema0[k]) for k, v in ema1.items())
     assert main(["eval", "--checkpoint", str(run), "--epoch", "0", "--out", str(tmp_path / "e0"), "--steps", "2",
-                 "--prompts", "2", "--set", "eval.reward=shapes"]) == 0
+                 "--prompts", "2", "--seeds-per-prompt", "2", "--set", "eval.reward=shapes"]) == 0
     ev0 = json.loads((tmp_path / "e0" / "eval.json").read_text())
     assert ev0["epoch"] == 0 and ev0["reward"] == "shapes" and "shape_accuracy" in ev0
+    groups = ev0["results"]["2"]["groups_by_form"]   # 2 seeds per prompt: each form's group statistics
+    assert sum(g["prompts"] for g in groups.values()) == 2 and set(groups) == set(ev0["results"]["2"]["by_form"])
     assert main(["eval", "--checkpoint", str(run), "--epoch", "7", "--out", str(tmp_path / "e7")]) == 2
     assert "no checkpoint of epoch 7; saved epochs: [1]" in capsys.readouterr().err
     assert main(["eval", "--epoch", "1", "--out", str(tmp_path / "e1")]) == 2
     assert "--epoch needs --checkpoint RUN_DIR" in capsys.readouterr().err
+
+
+def test_group_stats_per_caption_form():
+    """eval.json's groups_by_form (seeds_per_prompt > 1): per form, the share of prompts with an exactly right
+    seed, the mean group std and the mean best-minus-mean, from hand-computed groups."""
+    from solrl.evaluate import group_stats
+
+    prompts = ["a red circle on the left"] * 3 + ["a blue square above a red circle"] * 3 + \
+              ["a green triangle to the left of a red square"] * 3
+    totals = np.array([1.0, 0.5, 0.0, 0.5, 0.5, 0.5, 1.0, 1.0, 0.25])
+    got = group_stats(totals, prompts, 3)
+    assert set(got) == {"position", "relation"}
+    assert got["position"] == pytest.approx({"prompts": 1, "with_an_exact_seed": 1.0, "group_std": np.std([1, .5, 0]),
+                                             "best_minus_mean": 0.5})
+    assert got["relation"] == pytest.approx({"prompts": 2, "with_an_exact_seed": 0.5,
+                                             "group_std": (0.0 + np.std([1, 1, .25])) / 2,
+                                             "best_minus_mean": (0.0 + 0.25) / 2})
