@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 import types
 import typing
@@ -197,7 +198,7 @@ class RunConfig:
             raise ConfigError("sampler.guidance must be >= 1 and sampler.shift > 0")
         if not 0 < t.timestep_fraction <= 1:
             raise ConfigError(f"train.timestep_fraction must be in (0, 1], got {t.timestep_fraction}")
-        if not t.conv_lr >= 0 or t.conv_lr == float("inf"):
+        if not math.isfinite(t.conv_lr) or t.conv_lr < 0:
             raise ConfigError(f"train.conv_lr must be a finite float >= 0 (0: train.lr), got {t.conv_lr}")
         for name in ("lr", "micro_batch", "beta", "adv_clip_max", "max_grad_norm"):
             if getattr(t, name) <= 0:
@@ -230,8 +231,6 @@ class RunConfig:
         return self
 
     def _validate_algo(self) -> None:
-        import math
-
         r, t = self.rollout, self.train
         if t.algo not in ALGOS:
             raise ConfigError(f"train.algo must be one of {ALGOS}, got {t.algo!r}")

@@ -31,7 +31,7 @@ from solrl.adapters import encode_adapter
 from solrl.adapters.wire import sha256_hex
 from solrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from solrl.config import RunConfig
-from solrl.evaluate import summary_metrics
+from solrl.evaluate import eval_metrics
 from solrl.loop import Session, _save_eval, epoch_rng, proxy_agreement, selection_contrast
 from solrl.queue import Queue
 from solrl.telemetry import MetricsWriter
@@ -390,8 +390,7 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
             t0 = time.perf_counter()
             base_eval, grids = sess.evaluate()
             _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
-            rec0 = {"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0,
-                    **{f"eval.{k}": v for k, v in summary_metrics(base_eval).items()},
+            rec0 = {"epoch": 0, **eval_metrics(base_eval), "adapter_version": 0,
                     "time_eval_s": time.perf_counter() - t0, **proxy_fields}
             writer.write(rec0)
             on_record(rec0)
@@ -404,9 +403,7 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
                 t0 = time.perf_counter()
                 ev, grids = sess.evaluate()
                 _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
-                rec["eval.mean_reward"] = ev["mean_reward"]
-                rec.update({f"eval.{k}": v for k, v in summary_metrics(ev).items()})
-                rec["time_eval_s"] = time.perf_counter() - t0
+                rec.update({**eval_metrics(ev), "time_eval_s": time.perf_counter() - t0})
             sess.after_epoch(done, rec, run_dir, log)
             writer.write(rec)
             on_record(rec)

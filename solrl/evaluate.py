@@ -39,6 +39,20 @@ def summary_metrics(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def caption_form(caption: str) -> str:
+    """A shapes-world caption's form as evaluation groups it: single, position (a single object placed), count
+    or relation."""
+    spec = parse(caption)
+    return "position" if spec.position else spec.form
+
+
+def eval_metrics(summary: dict[str, Any]) -> dict[str, Any]:
+    """An evaluation summary's fields of a metrics record: eval.mean_reward and eval.<summary_metrics>, as the
+    embedded loop and the services trainer both write them."""
+    return {"eval.mean_reward": summary["mean_reward"],
+            **{f"eval.{k}": v for k, v in summary_metrics(summary).items()}}
+
+
 def eval_prompts(n: int, held: list[str] | None = None) -> list[str]:
     """A fixed, form-stratified subset of shapes-world captions `held` (default: the held-out split;
     round-robin over forms, hash order)."""
@@ -46,9 +60,7 @@ def eval_prompts(n: int, held: list[str] | None = None) -> list[str]:
         _, held = split_prompts()
     groups: dict[str, list[str]] = {}
     for c in sorted(held, key=lambda c: hashlib.sha256(c.encode()).hexdigest()):
-        s = parse(c)
-        key = "position" if s.position else s.form
-        groups.setdefault(key, []).append(c)
+        groups.setdefault(caption_form(c), []).append(c)
     order = [groups[k] for k in ("single", "position", "count", "relation") if k in groups]
     out: list[str] = []
     i = 0
@@ -104,8 +116,7 @@ def _score(scorer: Scorer, images: np.ndarray, prompts: list[str]) -> tuple[np.n
         extra["dense_spearman"] = None if np.isnan(rho) else float(rho)
         forms: dict[str, list[float]] = {}
         for p, t in zip(prompts, totals):
-            s = parse(p)
-            forms.setdefault("position" if s.position else s.form, []).append(float(t))
+            forms.setdefault(caption_form(p), []).append(float(t))
         extra["by_form"] = {k: float(np.mean(v)) for k, v in sorted(forms.items())}
         return totals, extra
     detailed = getattr(scorer, "score_detailed", None)
@@ -123,8 +134,7 @@ def group_stats(totals: np.ndarray, flat_prompts: list[str], seeds_per_prompt: i
     groups = np.asarray(totals, dtype=np.float64).reshape(-1, seeds_per_prompt)
     forms: dict[str, list[int]] = {}
     for i in range(len(groups)):
-        spec = parse(flat_prompts[i * seeds_per_prompt])
-        forms.setdefault("position" if spec.position else spec.form, []).append(i)
+        forms.setdefault(caption_form(flat_prompts[i * seeds_per_prompt]), []).append(i)
     out = {}
     for form, rows in sorted(forms.items()):
         g = groups[rows]

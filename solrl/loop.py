@@ -37,7 +37,7 @@ from solrl.checkpoint import (
     saved_epochs,
 )
 from solrl.config import ConfigError, RunConfig, apply_overrides
-from solrl.evaluate import eval_prompt_set, eval_scorer, evaluate, summary_metrics
+from solrl.evaluate import eval_metrics, eval_prompt_set, eval_scorer, evaluate
 from solrl.models import load_model
 from solrl.models.base import T2IModel
 from solrl.precision import build_backend
@@ -426,8 +426,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         t0 = time.perf_counter()
         base_eval, grids = sess.evaluate()
         _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
-        writer.write({"epoch": 0, "eval.mean_reward": base_eval["mean_reward"], "adapter_version": 0,
-                      **{f"eval.{k}": v for k, v in summary_metrics(base_eval).items()}, **proxy_fields,
+        writer.write({"epoch": 0, **eval_metrics(base_eval), "adapter_version": 0, **proxy_fields,
                       "time_eval_s": time.perf_counter() - t0})
         log(f"held-out reward before training (EMA = base): {base_eval['mean_reward']:.4f}")
     bar = tqdm(range(start, cfg.epochs), desc=cfg.name, disable=not progress, unit="epoch")
@@ -439,8 +438,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
             t0 = time.perf_counter()
             ev, grids = sess.evaluate()
             _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
-            rec.update({"eval.mean_reward": ev["mean_reward"], "time_eval_s": time.perf_counter() - t0,
-                        **{f"eval.{k}": v for k, v in summary_metrics(ev).items()}})
+            rec.update({**eval_metrics(ev), "time_eval_s": time.perf_counter() - t0})
         sess.after_epoch(done, rec, run_dir, log)
         writer.write(rec)
         if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):

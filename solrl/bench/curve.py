@@ -189,20 +189,16 @@ def run_all(jobs: list[tuple[str, list[str], Path]], workers: int) -> list[dict[
 
 def eval_forms(preset: str, sets: list[str]) -> dict[str, int]:
     """How many of the run's evaluated prompts have each caption form (a shapes-world set; {} otherwise)."""
+    from collections import Counter
+
     from solrl.config import apply_overrides, get_preset
-    from solrl.evaluate import eval_prompt_set
+    from solrl.evaluate import caption_form, eval_prompt_set
     from solrl.prompts import is_shapes_set
-    from solrl.world.shapes import parse
 
     cfg = apply_overrides(get_preset(preset), list(sets))
     if not is_shapes_set(cfg.prompts.eval):
         return {}
-    counts: dict[str, int] = {}
-    for caption in eval_prompt_set(cfg.prompts.eval, cfg.eval.prompts):
-        spec = parse(caption)
-        form = "position" if spec.position else spec.form
-        counts[form] = counts.get(form, 0) + 1
-    return dict(sorted(counts.items()))
+    return dict(sorted(Counter(caption_form(c) for c in eval_prompt_set(cfg.prompts.eval, cfg.eval.prompts)).items()))
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
