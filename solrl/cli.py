@@ -156,7 +156,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     cfg = PretrainConfig(steps=a.steps, batch_size=a.batch_size, seed=a.seed, init_from=a.init_from,
                          **({"lr": a.lr} if a.lr else {}), **({"warmup": a.warmup} if a.warmup is not None else {}),
                          ema_decay=a.ema_decay, t_sampling=a.t_sampling, eval_every=a.eval_every,
-                         stop_at=a.stop_at, denoiser=a.denoiser, layers=a.layers, heads=a.heads, patch=a.patch, device=a.device,
+                         stop_at=a.stop_at, track_guidance=a.track_guidance, denoiser=a.denoiser, layers=a.layers, heads=a.heads, patch=a.patch, device=a.device,
                          **({"min_lr_ratio": a.min_lr_ratio} if a.min_lr_ratio is not None else {}))
     if cfg.steps <= 0 or cfg.batch_size <= 0:
         raise ConfigError("--steps and --batch-size must be positive")
@@ -417,6 +417,9 @@ def _build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--eval-every", type=int, default=500,
                     help="score the saved weights on held-out and training prompts every N steps (0: never); "
                          "OUT/eval.jsonl")
+    sp.add_argument("--track-guidance", type=float, default=0.0,
+                    help="also score the held-out prompts sampled with classifier-free guidance at this scale (> 1) "
+                         "at each tracking evaluation: the headroom RL can reach (heldout_guided in OUT/eval.jsonl)")
     sp.add_argument("--device", default="cpu", help="train on this torch device, e.g. cuda (data and noise are "
                                                     "drawn on the CPU either way; tracking samples on the CPU)")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")

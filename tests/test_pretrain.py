@@ -46,14 +46,40 @@ def test_pretrain_steps_save_loadable_checkpoints_and_ema(tmp_path):
 def test_pretrain_tracks_the_exact_reward_on_both_splits(tmp_path):
     torch.set_num_threads(1)
     cfg = PretrainConfig(steps=3, batch_size=2, save_every=3, seed=1, layers=1, heads=2, eval_every=2,
-                         eval_prompts=3, eval_steps=2)
+                         eval_prompts=3, eval_steps=2, track_guidance=4.0)
     pretrain(cfg, tmp_path, progress=False)
     recs = [json.loads(x) for x in (tmp_path / "eval.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs] == [2, 3]  # every eval_every steps and at the end
     for r in recs:
-        for split in ("heldout", "train"):
+        for split in ("heldout", "train", "heldout_guided"):
             assert set(r[split]) >= {"mean_reward", "shape_accuracy", "exact_match"}
             assert 0.0 <= r[split]["mean_reward"] <= 1.0
+            assert any(k.startswith("form_") for k in r[split])
+
+
+def test_guided_tracking_scores_the_guided_samples():
+    """heldout_guided is the held-out evaluation sampled with CFG at track_guidance: equal to that evaluation
+    run on its own, and not the unguided one (on the bundled base, which draws objects)."""
+    from solrl.evaluate import eval_prompts, evaluate
+    from solrl.models.shapes_pretrain import track
+    from solrl.rollout import SamplerSpec
+    from solrl.world.shapes import split_prompts
+
+    torch.set_num_threads(1)
+    model = load_model("shapes")
+    cfg = PretrainConfig(eval_prompts=8, eval_steps=4, track_guidance=3.0)
+    rec = track(model, cfg)
+    summary, _ = evaluate(model, model.transformer, (4,), eval_prompts(8, split_prompts()[1]), 1, seed=1000,
+                          sampler=SamplerSpec(guidance=3.0))
+    assert rec["heldout_guided"]["mean_reward"] == round(summary["results"]["4"]["mean_reward"], 4)
+    assert rec["heldout_guided"]["dense_mean"] != rec["heldout"]["dense_mean"]
+
+
+def test_pretrain_rejects_a_guidance_scale_of_one_or_less(tmp_path):
+    for bad in (1.0, 0.5, -2.0, float("nan")):
+        with pytest.raises(ValueError, match="track_guidance"):
+            pretrain(PretrainConfig(steps=1, batch_size=2, layers=1, heads=2, track_guidance=bad), tmp_path / "x",
+                     progress=False)
 
 
 def test_ema_warms_up():

@@ -48,6 +48,9 @@ class PretrainConfig:
     eval_every: int = 500          # > 0: score the saved (EMA) weights on held-out and training prompts
     eval_prompts: int = 48         # prompts of each split per tracking evaluation (1 fixed seed each)
     eval_steps: int = 10           # Euler steps of those samples (the rollout grid)
+    track_guidance: float = 0.0    # > 1: also sample the held-out prompts with classifier-free guidance at this scale
+                                   # ("heldout_guided"): what the conditional model knows beyond what it draws
+                                   # unguided, per caption form, the headroom RL was measured to reach (docs/shapes.md)
     device: str = "cpu"            # where the model trains ("cuda" on a GPU); data, noise and timesteps are
                                    # drawn on the CPU from the seeded generators either way, then moved
 
@@ -118,9 +121,12 @@ def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
         model = ShapesModel(copy.deepcopy(model.transformer).cpu(), copy.deepcopy(model.text_encoder).cpu())
     train_caps, held = split_prompts()
     out = {}
-    for split, caps in (("heldout", held), ("train", train_caps)):
+    splits = [("heldout", held, 1.0), ("train", train_caps, 1.0)]
+    if cfg.track_guidance > 1.0:
+        splits.append(("heldout_guided", held, cfg.track_guidance))
+    for split, caps, guidance in splits:
         summary, _ = evaluate(model, model.transformer, (cfg.eval_steps,), eval_prompts(cfg.eval_prompts, caps),
-                              1, seed=1000, sampler=SamplerSpec())
+                              1, seed=1000, sampler=SamplerSpec(guidance=guidance))
         res = summary["results"][str(cfg.eval_steps)]
         keep = {"mean_reward": res["mean_reward"], **summary_metrics(res)}
         out[split] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in keep.items()}
@@ -131,6 +137,8 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
     device = torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {cfg.device!r}: torch sees no CUDA device here")
+    if not (cfg.track_guidance == 0 or (math.isfinite(cfg.track_guidance) and cfg.track_guidance > 1)):
+        raise ValueError(f"track_guidance must be 0 (off) or a guidance scale > 1, got {cfg.track_guidance!r}")
     if not 0 <= cfg.stop_at <= cfg.steps:
         raise ValueError(f"stop_at must be in [0, steps={cfg.steps}], got {cfg.stop_at}")
     out.mkdir(parents=True, exist_ok=True)
