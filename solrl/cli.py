@@ -156,7 +156,8 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     cfg = PretrainConfig(steps=a.steps, batch_size=a.batch_size, seed=a.seed, init_from=a.init_from,
                          **({"lr": a.lr} if a.lr else {}), **({"warmup": a.warmup} if a.warmup is not None else {}),
                          ema_decay=a.ema_decay, t_sampling=a.t_sampling, eval_every=a.eval_every,
-                         stop_at=a.stop_at, track_guidance=a.track_guidance, denoiser=a.denoiser, layers=a.layers, heads=a.heads, patch=a.patch, device=a.device,
+                         stop_at=a.stop_at, track_guidance=a.track_guidance, denoiser=a.denoiser, layers=a.layers,
+                         heads=a.heads, patch=a.patch, device=a.device,
                          **({"min_lr_ratio": a.min_lr_ratio} if a.min_lr_ratio is not None else {}))
     if cfg.steps <= 0 or cfg.batch_size <= 0:
         raise ConfigError("--steps and --batch-size must be positive")
