@@ -105,6 +105,9 @@ def test_cli_rejects_bad_sampling_choice(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "solrl.cli", "shapes", "pretrain", "--out", str(tmp_path),
                            "--steps", "1", "--t-sampling", "cosine"], capture_output=True, text=True)
     assert proc.returncode == 2 and "--t-sampling" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "solrl.cli", "shapes", "pretrain", "--out", str(tmp_path),
+                           "--steps", "1", "--track-guidance", "1"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "track_guidance" in proc.stderr
 
 
 def test_bundled_base_is_in_the_useful_band_and_its_card_is_reproducible():
@@ -134,7 +137,7 @@ def test_model_card_reads_the_saved_config_and_plots_the_tracking(tmp_path):
 
     torch.set_num_threads(1)
     cfg = PretrainConfig(steps=3, batch_size=2, save_every=2, seed=0, denoiser="unet", heads=2, eval_every=1,
-                         eval_prompts=2, eval_steps=2)
+                         eval_prompts=2, eval_steps=2, track_guidance=2.0)
     pretrain(cfg, tmp_path / "p", progress=False)
     result = {"mean_reward": 0.5, "colour_accuracy": 0.5, "shape_accuracy": 0.25, "count_accuracy": 0.4,
               "position_accuracy": 0.6, "exact_match": 0.125}

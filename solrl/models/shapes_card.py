@@ -23,6 +23,10 @@ def tracking_curve(path: Path, out: Path) -> list[dict]:
     for split, style in (("heldout", "-"), ("train", "--")):
         for j, key in enumerate(("shape_accuracy", "exact_match", "mean_reward")):
             ax.plot(steps, [r[split][key] for r in recs], style, color=f"C{j}", label=f"{key} ({split})")
+    guided = [r for r in recs if "heldout_guided" in r]   # --track-guidance: the headroom guidance shows
+    if guided:
+        ax.plot([r["step"] for r in guided], [r["heldout_guided"]["mean_reward"] for r in guided], ":", color="C2",
+                label="mean_reward (heldout, CFG)")
     ax.set_xlabel("pretraining step")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
