@@ -20,12 +20,14 @@ def tracking_curve(path: Path, out: Path) -> list[dict]:
     recs = _records(path, None)
     fig, ax = plt.subplots(figsize=(7, 3.5), dpi=110)
     steps = [r["step"] for r in recs]
+    keys = ("shape_accuracy", "exact_match", "mean_reward")
     for split, style in (("heldout", "-"), ("train", "--")):
-        for j, key in enumerate(("shape_accuracy", "exact_match", "mean_reward")):
+        for j, key in enumerate(keys):
             ax.plot(steps, [r[split][key] for r in recs], style, color=f"C{j}", label=f"{key} ({split})")
     guided = [r for r in recs if "heldout_guided" in r]   # --track-guidance: the headroom guidance shows
     if guided:
-        ax.plot([r["step"] for r in guided], [r["heldout_guided"]["mean_reward"] for r in guided], ":", color="C2",
+        ax.plot([r["step"] for r in guided], [r["heldout_guided"]["mean_reward"] for r in guided], ":",
+                color=f"C{keys.index('mean_reward')}",
                 label="mean_reward (heldout, CFG)")
     ax.set_xlabel("pretraining step")
     ax.set_ylim(0, 1)

@@ -111,7 +111,8 @@ def _saved(model: ShapesModel, ema) -> ShapesModel:
 
 
 def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
-    """Exact-reward summary of `model` on held-out and on training prompts (fixed prompts and seeds):
+    """Exact-reward summary of `model` on held-out and on training prompts (fixed prompts and seeds; with
+    `track_guidance`, the held-out ones also sampled with CFG):
     the curve that tells whether pretraining is teaching shapes, not just lowering the loss. Sampled on
     the CPU (a copy when the model trains elsewhere), as the rollouts that use the bundled model are."""
     from solrl.evaluate import eval_prompts, evaluate, summary_metrics
@@ -120,13 +121,14 @@ def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
     if cfg.device != "cpu":
         model = ShapesModel(copy.deepcopy(model.transformer).cpu(), copy.deepcopy(model.text_encoder).cpu())
     train_caps, held = split_prompts()
+    held_prompts = eval_prompts(cfg.eval_prompts, held)
+    splits = [("heldout", held_prompts, 1.0), ("train", eval_prompts(cfg.eval_prompts, train_caps), 1.0)]
+    if cfg.track_guidance > 1.0:  # the same prompts and seeds, sampled with CFG
+        splits.append(("heldout_guided", held_prompts, cfg.track_guidance))
     out = {}
-    splits = [("heldout", held, 1.0), ("train", train_caps, 1.0)]
-    if cfg.track_guidance > 1.0:
-        splits.append(("heldout_guided", held, cfg.track_guidance))
-    for split, caps, guidance in splits:
-        summary, _ = evaluate(model, model.transformer, (cfg.eval_steps,), eval_prompts(cfg.eval_prompts, caps),
-                              1, seed=1000, sampler=SamplerSpec(guidance=guidance))
+    for split, prompts, guidance in splits:
+        summary, _ = evaluate(model, model.transformer, (cfg.eval_steps,), prompts, 1, seed=1000,
+                              sampler=SamplerSpec(guidance=guidance))
         res = summary["results"][str(cfg.eval_steps)]
         keep = {"mean_reward": res["mean_reward"], **summary_metrics(res)}
         out[split] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in keep.items()}
