@@ -146,6 +146,13 @@ def cmd_plan(a: argparse.Namespace) -> int:
     return 0
 
 
+def _int_tuple(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def cmd_pretrain(a: argparse.Namespace) -> int:
     import torch
 
@@ -157,7 +164,9 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
                          **({"lr": a.lr} if a.lr else {}), **({"warmup": a.warmup} if a.warmup is not None else {}),
                          ema_decay=a.ema_decay, t_sampling=a.t_sampling, eval_every=a.eval_every,
                          stop_at=a.stop_at, track_guidance=a.track_guidance, denoiser=a.denoiser, layers=a.layers,
-                         heads=a.heads, patch=a.patch, device=a.device,
+                         heads=a.heads, patch=a.patch, device=a.device, text_width=a.text_width,
+                         text_layers=a.text_layers, unet_channels=a.unet_channels, attn_full_res=a.attn_full_res,
+                         relation_share=a.relation_share, track_on_device=a.track_on_device,
                          **({"min_lr_ratio": a.min_lr_ratio} if a.min_lr_ratio is not None else {}))
     if cfg.steps <= 0 or cfg.batch_size <= 0:
         raise ConfigError("--steps and --batch-size must be positive")
@@ -415,6 +424,14 @@ def _build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--heads", type=int, default=4,
                     help="attention heads of a fresh model (transformers: width 32 each)")
     sp.add_argument("--patch", type=int, default=4, help="patch size of a fresh PixArt / SANA model")
+    sp.add_argument("--text-width", type=int, default=64, help="text encoder hidden size of a fresh model (x16)")
+    sp.add_argument("--text-layers", type=int, default=2, help="text encoder blocks of a fresh model")
+    sp.add_argument("--unet-channels", type=_int_tuple, default=(32, 64, 64),
+                    help="a fresh UNet's channels per resolution, comma-separated (default 32,64,64)")
+    sp.add_argument("--attn-full-res", action="store_true",
+                    help="a fresh UNet cross-attends to the caption at the full 32x32 resolution too")
+    sp.add_argument("--relation-share", type=float, default=0.4,
+                    help="share of two-object relation captions in the data (singles : counts stay 2 : 1)")
     sp.add_argument("--eval-every", type=int, default=500,
                     help="score the saved weights on held-out and training prompts every N steps (0: never); "
                          "OUT/eval.jsonl")
@@ -423,6 +440,8 @@ def _build_parser() -> argparse.ArgumentParser:
                          "at each tracking evaluation: the headroom RL can reach (heldout_guided in OUT/eval.jsonl)")
     sp.add_argument("--device", default="cpu", help="train on this torch device, e.g. cuda (data and noise are "
                                                     "drawn on the CPU either way; tracking samples on the CPU)")
+    sp.add_argument("--track-on-device", action="store_true",
+                    help="run the tracking samples' forwards on --device too (default: on a CPU copy)")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
     sp.set_defaults(fn=cmd_pretrain)
 

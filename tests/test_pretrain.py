@@ -12,7 +12,8 @@ import torch
 
 from solrl.models import load_model
 from solrl.models.shapes import ShapesModel
-from solrl.models.shapes_pretrain import PretrainConfig, lr_at, pretrain
+from solrl.models.shapes_pretrain import PretrainConfig, PromptSampler, form_weights, lr_at, pretrain
+from solrl.world.shapes import parse, split_prompts
 
 
 def _params(model) -> torch.Tensor:
@@ -168,6 +169,45 @@ def test_pretrain_device_is_checked(tmp_path):
     assert not (tmp_path / "never-written").exists()   # refused before anything is written
 
 
+def test_architecture_knobs_build_train_save_and_load(tmp_path):
+    """A fresh UNet with a wider, deeper text encoder and other channels trains, saves and loads through the
+    registry with those shapes; the card records them."""
+    torch.set_num_threads(1)
+    cfg = PretrainConfig(steps=2, batch_size=2, save_every=2, seed=4, denoiser="unet", heads=2, eval_every=0,
+                         text_width=32, text_layers=3, unet_channels=(16, 32, 48), relation_share=0.75)
+    pretrain(cfg, tmp_path, progress=False)
+    model = load_model("shapes", tmp_path / "step_00002")
+    te, unet = model.text_encoder.config, model.transformer.config
+    assert (te.hidden_size, te.num_hidden_layers, te.num_attention_heads) == (32, 3, 2)
+    assert tuple(unet.block_out_channels) == (16, 32, 48) and unet.cross_attention_dim == 32
+    assert model.encode(["a red circle"]).embeds.shape[-1] == 32
+    card = json.loads((tmp_path / "step_00002" / "card.json").read_text())["config"]
+    assert (card["text_width"], card["unet_channels"], card["relation_share"]) == (32, [16, 32, 48], 0.75)
+    with_attn = ShapesModel.random(0, denoiser="unet", heads=2, attn_full_res=True).transformer.config
+    assert with_attn.down_block_types[0] == "CrossAttnDownBlock2D" and with_attn.up_block_types[-1] == "CrossAttnUpBlock2D"
+
+
+def test_relation_share_sets_the_data_mix():
+    import numpy as np
+
+    train, _ = split_prompts()
+    for share in (0.4, 0.75):
+        forms = [parse(c).form for c in PromptSampler(train, form_weights(share))(np.random.default_rng(0), 4000)]
+        assert forms.count("relation") / 4000 == pytest.approx(share, abs=0.025)
+        assert forms.count("single") / forms.count("count") == pytest.approx(2.0, rel=0.15)
+    for bad in (0.0, 1.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="relation_share"):
+            form_weights(bad)
+
+
+def test_cli_rejects_bad_architecture_values(tmp_path):
+    for args, needle in ((["--unet-channels", "32,x"], "--unet-channels"), (["--text-width", "40"], "text encoder width"),
+                         (["--relation-share", "1.5"], "relation_share"), (["--unet-channels", "30,60"], "unet_channels")):
+        proc = subprocess.run([sys.executable, "-m", "solrl.cli", "shapes", "pretrain", "--out", str(tmp_path / "x"),
+                               "--steps", "1", "--eval-every", "0", *args], capture_output=True, text=True)
+        assert proc.returncode == 2 and needle in proc.stderr, (args, proc.stderr[-500:])
+
+
 @pytest.mark.gpu
 def test_pretraining_on_cuda_follows_the_cpu_run(tmp_path):
     """Same seed on the CPU and on a GPU: the same data, noise and timesteps (drawn on the CPU), so the
@@ -181,6 +221,11 @@ def test_pretraining_on_cuda_follows_the_cpu_run(tmp_path):
     assert losses[0] == pytest.approx(losses[1], rel=1e-3)
     assert next(model.transformer.parameters()).device.type == "cpu"   # returned on the CPU, ready to save
     assert (tmp_path / "gpu" / "eval.jsonl").read_text().strip()
+    # tracking with its forwards on the GPU (sampling state on the CPU): the same prompts and seeds score alike
+    pretrain(PretrainConfig(**small, device="cuda", track_on_device=True), tmp_path / "gpu-track", progress=False)
+    on_cpu, on_gpu = (json.loads((tmp_path / d / "eval.jsonl").read_text().splitlines()[-1])["heldout"]["mean_reward"]
+                      for d in ("gpu", "gpu-track"))
+    assert on_gpu == pytest.approx(on_cpu, abs=0.1)
 
 
 def test_stop_at_reproduces_a_longer_runs_checkpoint(tmp_path):

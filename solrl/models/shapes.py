@@ -48,20 +48,24 @@ _DENOISER_CLASSES = {"pixart": PixArtTransformer2DModel, "sana": SanaTransformer
 _BY_CLASS_NAME = {cls.__name__: cls for cls in _DENOISER_CLASSES.values()}
 
 
-def transformer_config(layers: int = 8, heads: int = 6, patch: int = 4, denoiser: str = "pixart") -> dict:
+def transformer_config(layers: int = 8, heads: int = 6, patch: int = 4, denoiser: str = "pixart", text_width: int = 64,
+                       unet_channels: tuple[int, ...] = (32, 64, 64), attn_full_res: bool = False) -> dict:
     """The denoiser's diffusers config (heads of width 32; the bundled model's own config.json rules
     when it is loaded).
 
     denoiser: "pixart" (PixArtTransformer2DModel: softmax self-attention, MLP), "sana"
     (SanaTransformer2DModel, SANA's block: ReLU linear self-attention and a Mix-FFN whose 3x3 depthwise
     convolution gives every token its neighbourhood) or "unet" (UNet2DConditionModel; `layers` and
-    `patch` do not apply: 32/64/64 channels, cross-attention at 16x16 and 8x8).
+    `patch` do not apply: `unet_channels` per resolution (32/64/64 by default), cross-attention at all but
+    the full resolution, and there too with `attn_full_res`). `text_width`: the text encoder's hidden size,
+    which the denoiser's cross-attention reads.
     """
     if denoiser == "pixart":
         return dict(
             sample_size=IMAGE_SIZE, patch_size=patch, in_channels=3, out_channels=3, num_layers=layers,
-            num_attention_heads=heads, attention_head_dim=32, cross_attention_dim=32 * heads, caption_channels=64,
-            norm_type="ada_norm_single", use_additional_conditions=False, num_embeds_ada_norm=1000,
+            num_attention_heads=heads, attention_head_dim=32, cross_attention_dim=32 * heads,
+            caption_channels=text_width, norm_type="ada_norm_single", use_additional_conditions=False,
+            num_embeds_ada_norm=1000,
         )
     if denoiser == "sana":
         # interpolation_scale=1: fixed sin-cos position embeddings (None would drop them, as SANA 1.0
@@ -69,16 +73,20 @@ def transformer_config(layers: int = 8, heads: int = 6, patch: int = 4, denoiser
         return dict(
             sample_size=IMAGE_SIZE, patch_size=patch, in_channels=3, out_channels=3, num_layers=layers,
             num_attention_heads=heads, attention_head_dim=32, num_cross_attention_heads=heads,
-            cross_attention_head_dim=32, cross_attention_dim=32 * heads, caption_channels=64, mlp_ratio=2.5,
+            cross_attention_head_dim=32, cross_attention_dim=32 * heads, caption_channels=text_width, mlp_ratio=2.5,
             interpolation_scale=1,
         )
     if denoiser == "unet":
+        n = len(unet_channels)
+        if n < 2 or any(c <= 0 or c % 8 for c in unet_channels):
+            raise ValueError(f"unet_channels must be >= 2 positive multiples of 8 (group norm of 8), got {unet_channels}")
+        first = "CrossAttn" if attn_full_res else ""
         return dict(
             sample_size=IMAGE_SIZE, in_channels=3, out_channels=3, layers_per_block=1,
-            block_out_channels=(32, 64, 64),
-            down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-            up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
-            cross_attention_dim=64, attention_head_dim=heads, norm_num_groups=8, use_linear_projection=True,
+            block_out_channels=tuple(unet_channels),
+            down_block_types=(first + "DownBlock2D",) + ("CrossAttnDownBlock2D",) * (n - 1),
+            up_block_types=("CrossAttnUpBlock2D",) * (n - 1) + (first + "UpBlock2D",),
+            cross_attention_dim=text_width, attention_head_dim=heads, norm_num_groups=8, use_linear_projection=True,
         )
     raise ValueError(f"denoiser must be one of {list(DENOISERS)}, got {denoiser!r}")
 
@@ -90,10 +98,13 @@ def denoiser_kind(transformer: torch.nn.Module) -> str:
     raise TypeError(f"not a shapes denoiser: {type(transformer).__name__}")
 
 
-def text_encoder_config() -> CLIPTextConfig:
+def text_encoder_config(width: int = 64, layers: int = 2) -> CLIPTextConfig:
+    """The caption encoder: `layers` CLIP blocks of `width` (heads of 16; the bundled model: 2 x 64)."""
+    if width <= 0 or width % 16 or layers <= 0:
+        raise ValueError(f"text encoder width must be a positive multiple of 16 and layers positive, got {width} x {layers}")
     return CLIPTextConfig(
-        vocab_size=len(VOCAB) + 3, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, max_position_embeddings=MAX_TOKENS, pad_token_id=PAD, bos_token_id=BOS,
+        vocab_size=len(VOCAB) + 3, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=layers,
+        num_attention_heads=width // 16, max_position_embeddings=MAX_TOKENS, pad_token_id=PAD, bos_token_id=BOS,
         eos_token_id=EOS,
     )
 
@@ -117,12 +128,13 @@ class ShapesModel(T2IModel):
 
     # ---------------------------------------------------------------- building and loading
     @classmethod
-    def random(cls, seed: int = 0, denoiser: str = "pixart", **arch) -> ShapesModel:
+    def random(cls, seed: int = 0, denoiser: str = "pixart", text_width: int = 64, text_layers: int = 2,
+               **arch) -> ShapesModel:
         """Seeded random initialisation (what pretraining starts from); `arch`: transformer_config's
-        layers / heads / patch."""
-        config = transformer_config(denoiser=denoiser, **arch)
+        layers / heads / patch / unet_channels / attn_full_res."""
+        config = transformer_config(denoiser=denoiser, text_width=text_width, **arch)
         torch.manual_seed(seed)
-        return cls(_DENOISER_CLASSES[denoiser](**config), CLIPTextModel(text_encoder_config()))
+        return cls(_DENOISER_CLASSES[denoiser](**config), CLIPTextModel(text_encoder_config(text_width, text_layers)))
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> ShapesModel:
@@ -164,8 +176,14 @@ class ShapesModel(T2IModel):
         return self.encode([""] * n)
 
     def velocity(self, transformer, x, t, cond):
-        t = t.to(x.dtype).reshape(-1).expand(x.shape[0]) if t.numel() == 1 else t.to(x.dtype)
-        emb = cond.embeds.to(x.dtype)
+        # The sampling state may live elsewhere than the denoiser (as in diffusers_t2i): run on the denoiser's
+        # device, answer on x's (no copies when both are the CPU).
+        home = x.device
+        dev = next(transformer.parameters()).device
+        x = x.to(dev)
+        t = t.to(dev, x.dtype).reshape(-1).expand(x.shape[0]) if t.numel() == 1 else t.to(dev, x.dtype)
+        emb = cond.embeds.to(dev, x.dtype)
+        cond = Cond(emb, cond.mask.to(dev), cond.pooled)
         kind = denoiser_kind(getattr(transformer, "_orig_mod", transformer))  # torch.compile keeps it underneath
         if kind == "pixart":
             out = transformer(x, encoder_hidden_states=emb, timestep=t * 1000.0, encoder_attention_mask=cond.mask,
@@ -174,7 +192,7 @@ class ShapesModel(T2IModel):
             out = transformer(x, t * 1000.0, encoder_hidden_states=emb, encoder_attention_mask=cond.mask)
         else:
             out = transformer(x, encoder_hidden_states=emb, timestep=t * 1000.0, encoder_attention_mask=cond.mask)
-        return out.sample
+        return out.sample.to(home)
 
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         img = ((latents.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)

@@ -24,6 +24,14 @@ from solrl.world.shapes import parse, render, split_prompts
 FORM_WEIGHTS = {"single": 0.4, "count": 0.2, "relation": 0.4}
 
 
+def form_weights(relation_share: float) -> dict[str, float]:
+    """Caption-form mix with `relation_share` of relations; singles and counts keep FORM_WEIGHTS' 2:1."""
+    if not 0 < relation_share < 1:
+        raise ValueError(f"relation_share must be in (0, 1), got {relation_share!r}")
+    rest = 1 - relation_share
+    return {"single": rest * 2 / 3, "count": rest / 3, "relation": relation_share}
+
+
 @dataclass
 class PretrainConfig:
     steps: int = 1500
@@ -43,6 +51,11 @@ class PretrainConfig:
     layers: int = 8
     heads: int = 6
     patch: int = 4
+    text_width: int = 64           # text encoder hidden size (a fresh model; heads of 16)
+    text_layers: int = 2           # text encoder blocks (a fresh model)
+    unet_channels: tuple[int, ...] = (32, 64, 64)  # a fresh UNet's channels per resolution
+    attn_full_res: bool = False    # a fresh UNet also cross-attends to the caption at the full 32x32 resolution
+    relation_share: float = 0.4    # share of relation captions in the data (singles : counts stay 2 : 1)
     stop_at: int = 0               # > 0: end after this step (saved there) while lr follows the `steps` schedule:
                                    # a checkpoint chosen from a longer run's tracked curve, reproduced alone
     eval_every: int = 500          # > 0: score the saved (EMA) weights on held-out and training prompts
@@ -53,17 +66,20 @@ class PretrainConfig:
                                    # unguided, per caption form, the headroom RL was measured to reach (docs/shapes.md)
     device: str = "cpu"            # where the model trains ("cuda" on a GPU); data, noise and timesteps are
                                    # drawn on the CPU from the seeded generators either way, then moved
+    track_on_device: bool = False  # tracking samples run their forwards on `device` too (fast sweeps on a GPU);
+                                   # default: on a CPU copy, as the rollouts that use the bundled model run
 
 
 class PromptSampler:
     """Form-balanced random training captions (deterministic given the rng)."""
 
-    def __init__(self, captions: list[str]) -> None:
+    def __init__(self, captions: list[str], weights: dict[str, float] | None = None) -> None:
         self.by_form: dict[str, list[str]] = {}
         for c in captions:
             self.by_form.setdefault(parse(c).form, []).append(c)
-        self.forms = list(FORM_WEIGHTS)
-        self.p = np.array([FORM_WEIGHTS[f] for f in self.forms])
+        weights = weights or FORM_WEIGHTS
+        self.forms = list(weights)
+        self.p = np.array([weights[f] for f in self.forms])
 
     def __call__(self, rng: np.random.Generator, n: int) -> list[str]:
         forms = rng.choice(len(self.forms), size=n, p=self.p)
@@ -114,11 +130,12 @@ def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
     """Exact-reward summary of `model` on held-out and on training prompts (fixed prompts and seeds; with
     `track_guidance`, the held-out ones also sampled with CFG):
     the curve that tells whether pretraining is teaching shapes, not just lowering the loss. Sampled on
-    the CPU (a copy when the model trains elsewhere), as the rollouts that use the bundled model are."""
+    the CPU (a copy when the model trains elsewhere), as the rollouts that use the bundled model are, unless
+    `track_on_device` (the sampling state stays on the CPU; the forwards run where the model trains)."""
     from solrl.evaluate import eval_prompts, evaluate, summary_metrics
     from solrl.rollout import SamplerSpec
 
-    if cfg.device != "cpu":
+    if cfg.device != "cpu" and not cfg.track_on_device:
         model = ShapesModel(copy.deepcopy(model.transformer).cpu(), copy.deepcopy(model.text_encoder).cpu())
     train_caps, held = split_prompts()
     held_prompts = eval_prompts(cfg.eval_prompts, held)
@@ -147,14 +164,15 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
     if cfg.init_from:
         model = ShapesModel.load(cfg.init_from)
     else:
+        arch = dict(unet_channels=tuple(cfg.unet_channels), attn_full_res=cfg.attn_full_res) if cfg.denoiser == "unet" else {}
         model = ShapesModel.random(cfg.seed, denoiser=cfg.denoiser, layers=cfg.layers, heads=cfg.heads,
-                                   patch=cfg.patch)
+                                   patch=cfg.patch, text_width=cfg.text_width, text_layers=cfg.text_layers, **arch)
     model.transformer.to(device).train().requires_grad_(True)
     model.text_encoder.to(device).train().requires_grad_(True)
     params = [*model.transformer.parameters(), *model.text_encoder.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     train_caps, _ = split_prompts()
-    sampler = PromptSampler(train_caps)
+    sampler = PromptSampler(train_caps, form_weights(cfg.relation_share))
     rng = np.random.default_rng(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     ema = None
