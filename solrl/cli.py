@@ -166,10 +166,10 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
                          stop_at=a.stop_at, track_guidance=a.track_guidance, denoiser=a.denoiser, layers=a.layers,
                          heads=a.heads, patch=a.patch, device=a.device, text_width=a.text_width,
                          text_layers=a.text_layers, unet_channels=a.unet_channels, attn_full_res=a.attn_full_res,
-                         relation_share=a.relation_share, track_on_device=a.track_on_device,
+                         relation_share=a.relation_share, track_on_device=a.track_on_device, eval_prompts=a.eval_prompts,
                          **({"min_lr_ratio": a.min_lr_ratio} if a.min_lr_ratio is not None else {}))
-    if cfg.steps <= 0 or cfg.batch_size <= 0:
-        raise ConfigError("--steps and --batch-size must be positive")
+    if cfg.steps <= 0 or cfg.batch_size <= 0 or cfg.eval_prompts <= 0:
+        raise ConfigError("--steps, --batch-size and --eval-prompts must be positive")
     try:
         pretrain(cfg, Path(a.out), progress=not a.no_progress)
     except ValueError as err:   # a bad --device or --t-sampling: a usage error, not a traceback
@@ -213,6 +213,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         kw["modes"] = tuple(x for x in a.modes.split(",") if x)
     if a.compare:
         kw["compare"] = a.compare
+    if a.device:
+        kw["device"] = a.device
     if a.name == "curve" and a.threads:
         kw["threads"] = a.threads  # per run: the runs set their own torch threads
     try:
@@ -440,6 +442,8 @@ def _build_parser() -> argparse.ArgumentParser:
                          "at each tracking evaluation: the headroom RL can reach (heldout_guided in OUT/eval.jsonl)")
     sp.add_argument("--device", default="cpu", help="train on this torch device, e.g. cuda (data and noise are "
                                                     "drawn on the CPU either way; tracking samples on the CPU)")
+    sp.add_argument("--eval-prompts", type=int, default=48,
+                    help="held-out and training prompts per tracking evaluation (1 fixed seed each)")
     sp.add_argument("--track-on-device", action="store_true",
                     help="run the tracking samples' forwards on --device too (default: on a CPU copy)")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -460,7 +464,8 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--epochs", type=int, default=None, help="rollout / curve / ablate / serve: epochs per mode or setting")
     b.add_argument("--precisions", default=None,
                    help="ranking: comma-separated proxy precisions; NAME@2/6 limits one to those explore steps")
-    b.add_argument("--steps", type=_steps, default=None, help="ranking: comma-separated explore steps")
+    b.add_argument("--steps", type=_steps, default=None, help="ranking: comma-separated explore steps; "
+                                                                 "pretrain_sweep: STOP_AT[,EVAL_EVERY]")
     b.add_argument("--policies", default=None,
                    help="ranking: comma-separated per-layer policies for the quantizing precisions (default reference; "
                         "see solrl models quantized)")
@@ -477,6 +482,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         "the adaptive proxy; flow_grpo / sol_flow_grpo: FlowGRPO one- / two-stage)")
     b.add_argument("--compare", default=None,
                    help="curve: an earlier curve JSON measured with the same settings whose modes are set beside these")
+    b.add_argument("--device", default=None, help="pretrain_sweep: train (and track) on this torch device, e.g. cuda")
     b.set_defaults(fn=cmd_bench)
 
     sv = sub.add_parser("serve", help="run one service role (what containers run)")

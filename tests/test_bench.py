@@ -314,3 +314,22 @@ def test_sensitivity_small(tmp_path):
     for k in kinds:  # "all but" a kind quantizes the rest
         assert rows[("all but", f"all but {k['name']}")]["layers"] == whole["layers"] - k["layers"]
     assert "| all (all) | " in (tmp_path / "sensitivity.md").read_text()
+
+
+def test_pretrain_sweep_small_trains_each_variant_tracks_cfg_and_reuses_finished_runs(tmp_path, monkeypatch):
+    from solrl.bench import pretrain_sweep
+
+    res = run_bench("pretrain_sweep", tmp_path, small=True, jobs=2)
+    assert set(res["table"]) == {"base", "tw128"}
+    for rows in res["table"].values():
+        assert [r["step"] for r in rows] == [1, 2]
+        assert all(0 <= r["mean"] <= 1 and 0 <= r["guided"] <= 1 for r in rows)
+    card = json.loads((tmp_path / "runs" / "tw128_s0" / "step_00002" / "card.json").read_text())["config"]
+    assert (card["text_width"], card["text_layers"], card["track_guidance"]) == (128, 4, 3.0)
+    assert "| tw128 | 2 |" in (tmp_path / "pretrain_sweep.md").read_text()
+    stamp = (tmp_path / "runs" / "base_s0" / "eval.jsonl").stat().st_mtime_ns
+    run_bench("pretrain_sweep", tmp_path, small=True)   # finished runs are read again, not retrained
+    assert (tmp_path / "runs" / "base_s0" / "eval.jsonl").stat().st_mtime_ns == stamp
+    monkeypatch.setattr(pretrain_sweep, "VARIANTS", {"bad": ["--relation-share", "2"]})
+    with pytest.raises(RuntimeError, match=r"\['bad_s0'\]"):
+        run_bench("pretrain_sweep", tmp_path / "bad", small=True)

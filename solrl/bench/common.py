@@ -44,11 +44,13 @@ def machine_line(m: dict[str, Any]) -> str:
             f"Python {m['python']}, torch {m['torch']}; {m['date']}{busy}")
 
 
-def write_results(out: Path, name: str, result: dict[str, Any], markdown_body: str) -> dict[str, Any]:
-    """Write out/<name>.json (result + machine) and out/<name>.md (title, machine line, body)."""
+def write_results(out: Path, name: str, result: dict[str, Any], markdown_body: str,
+                  machine_info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write out/<name>.json (result + machine) and out/<name>.md (title, machine line, body).
+    `machine_info`: the machine the runs ran on, where they ran elsewhere than the one writing (machine()'s keys)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    result = {"bench": name, "machine": machine(), **result}
+    result = {"bench": name, "machine": machine_info or machine(), **result}
     (out / f"{name}.json").write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     md = f"# solrl bench {name}\n\nMachine: {machine_line(result['machine'])}\n\n{markdown_body.strip()}\n"
     (out / f"{name}.md").write_text(md)
