@@ -28,6 +28,8 @@ def form_weights(relation_share: float) -> dict[str, float]:
     """Caption-form mix with `relation_share` of relations; singles and counts keep FORM_WEIGHTS' 2:1."""
     if not 0 < relation_share < 1:
         raise ValueError(f"relation_share must be in (0, 1), got {relation_share!r}")
+    if relation_share == FORM_WEIGHTS["relation"]:
+        return dict(FORM_WEIGHTS)   # the bundled recipe's mix, to the bit
     rest = 1 - relation_share
     return {"single": rest * 2 / 3, "count": rest / 3, "relation": relation_share}
 
