@@ -1,17 +1,16 @@
 """Pretraining variants of the shapes base side by side, each tracked with the headroom guidance shows.
 
-RL on the shapes bed was measured to gain about what classifier-free guidance gains on the same base
-(docs/shapes.md), so a base is worth an RL run when its guided held-out reward stands above its unguided one.
-This benchmark trains each variant of the bundled recipe (`solrl shapes pretrain`, one process per variant and
-seed, `jobs` at a time, one torch thread each) with `--track-guidance 3` and tables, per tracked step and averaged
-over the seeds: the unguided held-out reward, what CFG adds, the relations (half the evaluated prompts) and the
-shape accuracy. On a GPU (`device="cuda"`) the runs share it and sample their tracking there too
+What classifier-free guidance adds to a base was compared with what RL adds on it (docs/shapes.md: loosely
+related over five bases), so the guided held-out reward is tracked beside the unguided one. This benchmark
+trains each variant of the bundled recipe (`solrl shapes pretrain`, one process per variant and seed, `jobs`
+at a time, one torch thread each) with `--track-guidance 3` and tables, per tracked step and averaged over the
+seeds: the unguided held-out reward, what CFG adds, the relations (half the evaluated prompts) and the shape
+accuracy. On a GPU (`device="cuda"`) the runs share it and sample their tracking there too
 (`--track-on-device`): 14 runs of 1,100-1,200 steps took 6 minutes on one H200.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from solrl.bench.common import write_results
+from solrl.telemetry import read_metrics
 
 # name -> extra `solrl shapes pretrain` flags; the rest is the bundled base's recipe (its card.json)
 VARIANTS: dict[str, list[str]] = {
@@ -46,10 +46,8 @@ def _command(run_dir: Path, flags: list[str], seed: int, stop_at: int, eval_ever
 
 def _finished(run_dir: Path, stop_at: int) -> bool:
     evals = run_dir / "eval.jsonl"
-    if not evals.exists():
-        return False
-    lines = [x for x in evals.read_text().splitlines() if x.strip()]
-    return bool(lines) and json.loads(lines[-1])["step"] >= stop_at
+    recs = read_metrics(evals) if evals.exists() else []
+    return bool(recs) and recs[-1]["step"] >= stop_at
 
 
 def train_all(out: Path, variants: dict[str, list[str]], seeds: list[int], stop_at: int, eval_every: int,
@@ -63,20 +61,22 @@ def train_all(out: Path, variants: dict[str, list[str]], seeds: list[int], stop_
             runs[f"{name}_s{seed}"] = run_dir
             if not _finished(run_dir, stop_at):
                 todo.append((run_dir, _command(run_dir, flags, seed, stop_at, eval_every, eval_prompts, device, small)))
-    active: list[tuple[Path, subprocess.Popen]] = []
+    active: list[tuple[Path, subprocess.Popen, Any]] = []
     failed = []
     while todo or active:
         while todo and len(active) < max(1, jobs):
             run_dir, cmd = todo.pop(0)
             run_dir.mkdir(parents=True, exist_ok=True)
             log = (run_dir / "log.txt").open("w")
-            active.append((run_dir, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+            active.append((run_dir, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
         time.sleep(0.5)
         for item in list(active):
-            if item[1].poll() is not None:
+            run_dir, proc, log = item
+            if proc.poll() is not None:
                 active.remove(item)
-                if item[1].returncode != 0:
-                    failed.append(item[0].name)
+                log.close()
+                if proc.returncode != 0:
+                    failed.append(run_dir.name)
     if failed:
         raise RuntimeError(f"pretraining runs failed: {failed} (see their log.txt under {out / 'runs'})")
     return runs
@@ -87,10 +87,8 @@ def summarize(runs: dict[str, Path]) -> dict[str, Any]:
     by_variant: dict[str, dict[int, list[dict]]] = {}
     for run, run_dir in runs.items():
         variant = run.rsplit("_s", 1)[0]
-        for line in (run_dir / "eval.jsonl").read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                by_variant.setdefault(variant, {}).setdefault(r["step"], []).append(r)
+        for r in read_metrics(run_dir / "eval.jsonl"):
+            by_variant.setdefault(variant, {}).setdefault(r["step"], []).append(r)
     table: dict[str, list[dict[str, Any]]] = {}
     for variant, steps in by_variant.items():
         n_seeds = max(len(v) for v in steps.values())
@@ -116,7 +114,7 @@ def summarize(runs: dict[str, Path]) -> dict[str, Any]:
 def markdown(table: dict[str, list[dict[str, Any]]], seeds: int, eval_prompts: int) -> str:
     head = (f"Held-out exact reward of each variant's EMA weights, {eval_prompts} held-out prompts x 1 seed per "
             f"tracking point, mean over {seeds} pretraining seed(s); CFG = sampled with guidance {GUIDANCE:g} "
-            "(what RL was measured to reach, docs/shapes.md). Variants: the bundled recipe with the flags of "
+            "(set beside what RL adds in docs/shapes.md). Variants: the bundled recipe with the flags of "
             "`solrl.bench.pretrain_sweep.VARIANTS`.\n\n")
     lines = ["| variant | step | mean | + CFG | relation | + CFG (relation) | position | shape acc | exact match |",
              "|---|---|---|---|---|---|---|---|---|"]

@@ -25,13 +25,12 @@ FORM_WEIGHTS = {"single": 0.4, "count": 0.2, "relation": 0.4}
 
 
 def form_weights(relation_share: float) -> dict[str, float]:
-    """Caption-form mix with `relation_share` of relations; singles and counts keep FORM_WEIGHTS' 2:1."""
+    """Caption-form mix with `relation_share` of relations; the other forms keep FORM_WEIGHTS' proportions
+    (at the default share the scale is exactly 1: FORM_WEIGHTS itself)."""
     if not 0 < relation_share < 1:
         raise ValueError(f"relation_share must be in (0, 1), got {relation_share!r}")
-    if relation_share == FORM_WEIGHTS["relation"]:
-        return dict(FORM_WEIGHTS)   # the bundled recipe's mix, to the bit
-    rest = 1 - relation_share
-    return {"single": rest * 2 / 3, "count": rest / 3, "relation": relation_share}
+    scale = (1 - relation_share) / (1 - FORM_WEIGHTS["relation"])
+    return {f: relation_share if f == "relation" else w * scale for f, w in FORM_WEIGHTS.items()}
 
 
 @dataclass
@@ -166,9 +165,9 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
     if cfg.init_from:
         model = ShapesModel.load(cfg.init_from)
     else:
-        arch = dict(unet_channels=tuple(cfg.unet_channels), attn_full_res=cfg.attn_full_res) if cfg.denoiser == "unet" else {}
         model = ShapesModel.random(cfg.seed, denoiser=cfg.denoiser, layers=cfg.layers, heads=cfg.heads,
-                                   patch=cfg.patch, text_width=cfg.text_width, text_layers=cfg.text_layers, **arch)
+                                   patch=cfg.patch, text_width=cfg.text_width, text_layers=cfg.text_layers,
+                                   unet_channels=tuple(cfg.unet_channels), attn_full_res=cfg.attn_full_res)
     model.transformer.to(device).train().requires_grad_(True)
     model.text_encoder.to(device).train().requires_grad_(True)
     params = [*model.transformer.parameters(), *model.text_encoder.parameters()]
