@@ -215,6 +215,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         kw["compare"] = a.compare
     if a.device:
         kw["device"] = a.device
+    if a.sets:
+        kw["sets"] = tuple(a.sets)
     if a.name == "curve" and a.threads:
         kw["threads"] = a.threads  # per run: the runs set their own torch threads
     try:
@@ -482,7 +484,10 @@ def _build_parser() -> argparse.ArgumentParser:
                         "the adaptive proxy; flow_grpo / sol_flow_grpo: FlowGRPO one- / two-stage)")
     b.add_argument("--compare", default=None,
                    help="curve: an earlier curve JSON measured with the same settings whose modes are set beside these")
-    b.add_argument("--device", default=None, help="pretrain_sweep: train (and track) on this torch device, e.g. cuda")
+    b.add_argument("--device", default=None, help="pretrain_sweep: train (and track) on this torch device, e.g. cuda; "
+                                                  "curve: each run's model.device")
+    b.add_argument("--set", dest="sets", action="append", default=None, metavar="KEY=VALUE",
+                   help="curve: a config override for every run (repeat), e.g. train.beta=0.5")
     b.set_defaults(fn=cmd_bench)
 
     sv = sub.add_parser("serve", help="run one service role (what containers run)")

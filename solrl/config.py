@@ -40,6 +40,9 @@ class ConfigError(ValueError):
 class ModelConfig:
     name: str = "shapes"
     path: str | None = None  # local directory with the weights; None = the model's default location
+    # torch device of the model: "" = the model's default (the CPU for shapes, CUDA where present for the real
+    # models); e.g. "cuda" runs the shapes bed on a GPU (seeds' noise is still drawn on the CPU)
+    device: str = ""
     # video models only (VIDEO_MODELS), 0 = the model's default: the clip's frames (4k + 1) and size in pixels
     frames: int = 0
     height: int = 0
@@ -205,6 +208,7 @@ class RunConfig:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(t, name)}")
         self._validate_algo()
         self._validate_video()
+        self._validate_device()
         self._validate_staleness()
         if t.optimizer_steps_per_epoch < 0:
             raise ConfigError(f"train.optimizer_steps_per_epoch must be >= 0 (0: one per prompt group), "
@@ -267,6 +271,23 @@ class RunConfig:
             raise ConfigError("rollout.staleness=1 with rollout.explore_precision.backend=auto: the adaptive proxy's "
                               "decisions after epoch e would reach the explorers only for epoch e+2; use a fixed "
                               "explore precision or rollout.staleness=0")
+
+    def _validate_device(self) -> None:
+        """model.device names a torch device this machine has ("" = the model's default)."""
+        if not self.model.device:
+            return
+        import torch
+
+        try:
+            dev = torch.device(self.model.device)
+        except (RuntimeError, ValueError) as e:
+            raise ConfigError(f"model.device={self.model.device!r} is not a torch device (e.g. cpu, cuda, cuda:1): "
+                              f"{e}") from None
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"model.device={self.model.device!r}: torch {torch.__version__} sees no CUDA device on "
+                              "this machine (leave it empty or set cpu)")
+        if dev.type not in ("cpu", "cuda"):
+            raise ConfigError(f"model.device={self.model.device!r}: only cpu and cuda are supported")
 
     def _validate_video(self) -> None:
         """A video model's clip and rewards; the video settings are refused for an image model."""

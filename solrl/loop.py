@@ -86,7 +86,8 @@ class Session:
         device, and names its choice in each ExploreJob)."""
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        model = load_model(cfg.model.name, cfg.model.path, **cfg.model_options())  # a video model's clip options
+        model = load_model(cfg.model.name, cfg.model.path, cfg.model.device or None,
+                           **cfg.model_options())  # a video model's clip options
         spec = model.spec
         if cfg.rollout.precision.backend not in ("bf16", "fp32"):
             raise ValueError(f"rollout.precision.backend must be bf16 or fp32 (the trainer's copy), "

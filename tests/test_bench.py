@@ -232,6 +232,21 @@ def test_curve_on_another_reward(tmp_path):
     assert not (tmp_path / "curve.json").exists()
 
 
+def test_curve_takes_config_overrides_and_refuses_bad_ones_before_training(tmp_path, capsys):
+    assert main(["bench", "curve", "--small", "--epochs", "1", "--repeats", "1", "--modes", "sol_rl",
+                 "--set", "train.beta=0.5", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "curve-sol_rl.json").read_text())
+    assert "train.beta=0.5" in r["settings"] and "model.device=cpu" in r["settings"]
+    saved = json.loads((tmp_path / "curve-sol_rl_runs" / "sol_rl_seed0" / "config.json").read_text())
+    assert saved["train"]["beta"] == 0.5 and saved["model"]["device"] == "cpu"
+    for bad, field in ((["--set", "train.betta=1"], "train.betta"), (["--set", "train.beta=-1"], "train.beta"),
+                       (["--device", "tpu"], "model.device")):
+        capsys.readouterr()
+        assert main(["bench", "curve", "--small", "--modes", "sol_rl", "--out", str(tmp_path / "bad"), *bad]) == 2
+        assert field in capsys.readouterr().err
+        assert not (tmp_path / "bad").exists()
+
+
 @pytest.mark.slow
 def test_ablate_small(tmp_path):
     r = run_bench("ablate", tmp_path, small=True)

@@ -197,3 +197,42 @@ def test_group_stats_per_caption_form():
     assert got["relation"] == pytest.approx({"prompts": 2, "with_an_exact_seed": 0.5,
                                              "group_std": (0.0 + np.std([1, 1, .25])) / 2,
                                              "best_minus_mean": (0.0 + 0.25) / 2})
+
+
+def test_model_device_is_checked_and_cpu_runs_as_the_default(random_model_dir, tmp_path):
+    from solrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="model.device='gpu0'"):
+        tiny_cfg(random_model_dir, extra=["model.device=gpu0"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="model.device='cuda'.*no CUDA device"):
+            tiny_cfg(random_model_dir, extra=["model.device=cuda"])
+    # an explicit cpu is the default's trajectory, byte for byte
+    a, b = tmp_path / "default", tmp_path / "cpu"
+    train(tiny_cfg(random_model_dir, epochs=1), a, progress=False, log=lambda *_: None)
+    train(tiny_cfg(random_model_dir, epochs=1, extra=["model.device=cpu"]), b, progress=False, log=lambda *_: None)
+    assert (a / "adapter_ema.safetensors").read_bytes() == (b / "adapter_ema.safetensors").read_bytes()
+
+
+@pytest.mark.gpu
+def test_shapes_run_on_cuda(tmp_path):
+    """The bundled base on a GPU (model.device=cuda): the denoiser in real bf16 there, the LoRA trained, and the
+    held-out reward the CPU run starts from (the same noise, drawn on the CPU; kernels differ by rounding only)."""
+    from solrl.config import apply_overrides
+
+    sets = ["epochs=2", "eval.every=2", "eval.prompts=8", "eval.seeds_per_prompt=1", "tensorboard=false",
+            "rollout.prompts_per_epoch=4"]
+    cuda = apply_overrides(get_preset("shapes-sol-rl"), sets + ["model.device=cuda"]).validate()
+    sess = Session.build(cuda)
+    p = next(sess.model.transformer.parameters())
+    assert p.is_cuda and p.dtype == torch.bfloat16
+    before = [t.detach().clone() for t in sess.adapters.parameters("default")]
+    assert all(t.is_cuda for t in before)
+    rec = sess.epoch(0)
+    assert np.isfinite(rec["train.loss"]) and rec["train.grad_norm"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, sess.adapters.parameters("default")))
+    s_gpu = train(cuda, tmp_path / "cuda", progress=False, log=lambda *_: None)
+    s_cpu = train(apply_overrides(get_preset("shapes-sol-rl"), sets + ["epochs=0"]).validate(), tmp_path / "cpu",
+                  progress=False, log=lambda *_: None)
+    assert abs(s_gpu["eval_before"] - s_cpu["eval_before"]) < 0.1  # 8 prompts: bf16 may flip a few detections
+    assert np.isfinite(s_gpu["eval_after"])

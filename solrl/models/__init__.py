@@ -8,19 +8,19 @@ from pathlib import Path
 from solrl.models.base import Cond, ModelSpec, T2IModel
 
 
-def _load_shapes(path: str | None) -> T2IModel:
+def _load_shapes(path: str | None, device: str | None = None) -> T2IModel:
     from solrl.models.shapes import ShapesModel
 
-    return ShapesModel.load(path)
+    return ShapesModel.load(path, device=device)
 
 
 def _diffusers_loader(name: str) -> Callable[[str | None], T2IModel]:
     """Lazy: diffusers pipelines are imported only when such a model is loaded."""
 
-    def load(path: str | None) -> T2IModel:
+    def load(path: str | None, device: str | None = None) -> T2IModel:
         from solrl.models.diffusers_t2i import MODEL_CLASSES
 
-        return MODEL_CLASSES[name].load(path)
+        return MODEL_CLASSES[name].load(path, device=device)
 
     return load
 
@@ -53,14 +53,18 @@ def available_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def load_model(name: str, path: str | Path | None = None, **options) -> T2IModel:
-    """Model `name` from `path` (None: its default location). `options` go to loaders that take them (a video
-    model's clip: frames, height, width, reward_frames; `RunConfig.model_options()`); the image models take none."""
+def load_model(name: str, path: str | Path | None = None, device: str | None = None, **options) -> T2IModel:
+    """Model `name` from `path` (None: its default location) on `device` (None or "": the model's default, the CPU
+    for shapes and CUDA where present for the real models; `model.device` in a run's config). `options` go to
+    loaders that take them (a video model's clip: frames, height, width, reward_frames;
+    `RunConfig.model_options()`); the image models take none."""
     if name not in _REGISTRY:
         raise ValueError(f"unknown model {name!r}; available: {available_models()}")
     loader = _REGISTRY[name]
     if options and not getattr(loader, "takes_options", False):
         raise ValueError(f"model {name!r} takes no load options, got {sorted(options)}")
+    if device:
+        options["device"] = device
     return loader(str(path) if path is not None else None, **options)
 
 

@@ -137,8 +137,13 @@ class ShapesModel(T2IModel):
         return cls(_DENOISER_CLASSES[denoiser](**config), CLIPTextModel(text_encoder_config(text_width, text_layers)))
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> ShapesModel:
-        """Load from a directory holding transformer/ and text_encoder/ (default: the bundled weights)."""
+    def load(cls, path: str | Path | None = None, device: str | torch.device | None = None) -> ShapesModel:
+        """Load from a directory holding transformer/ and text_encoder/ (default: the bundled weights), in fp32 on
+        `device` (default the CPU; on CUDA the bf16 precision backend then keeps the denoiser in real bf16)."""
+        device = torch.device(device or "cpu")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"model.device={str(device)!r}: torch sees no CUDA device here "
+                             f"(torch {torch.__version__}); use cpu")
         path = Path(path) if path is not None else WEIGHTS_DIR
         missing = [d for d in ("transformer", "text_encoder") if not (path / d / "config.json").exists()]
         if missing:
@@ -152,8 +157,8 @@ class ShapesModel(T2IModel):
                              f"{sorted(_BY_CLASS_NAME)}")
         tr = _BY_CLASS_NAME[class_name].from_pretrained(path / "transformer", local_files_only=True, use_safetensors=True)
         te = CLIPTextModel.from_pretrained(path / "text_encoder", local_files_only=True, use_safetensors=True)
-        tr.eval().requires_grad_(False)
-        te.eval().requires_grad_(False)
+        tr.to(device).eval().requires_grad_(False)
+        te.to(device).eval().requires_grad_(False)
         return cls(tr, te)
 
     def save(self, path: str | Path, card: dict | None = None) -> None:
@@ -177,10 +182,11 @@ class ShapesModel(T2IModel):
 
     def velocity(self, transformer, x, t, cond):
         # The sampling state may live elsewhere than the denoiser (as in diffusers_t2i): run on the denoiser's
-        # device, answer on x's (no copies when both are the CPU).
-        home = x.device
-        dev = next(transformer.parameters()).device
-        x = x.to(dev)
+        # device and dtype (real bf16 on CUDA), answer on x's (no copies when both are fp32 on the CPU).
+        home, home_dtype = x.device, x.dtype
+        p = next(transformer.parameters())
+        dev = p.device
+        x = x.to(dev, p.dtype if p.dtype.is_floating_point else x.dtype)
         t = t.to(dev, x.dtype).reshape(-1).expand(x.shape[0]) if t.numel() == 1 else t.to(dev, x.dtype)
         emb = cond.embeds.to(dev, x.dtype)
         cond = Cond(emb, cond.mask.to(dev), cond.pooled)
@@ -192,7 +198,7 @@ class ShapesModel(T2IModel):
             out = transformer(x, t * 1000.0, encoder_hidden_states=emb, encoder_attention_mask=cond.mask)
         else:
             out = transformer(x, encoder_hidden_states=emb, timestep=t * 1000.0, encoder_attention_mask=cond.mask)
-        return out.sample.to(home)
+        return out.sample.to(home, home_dtype)
 
     def decode(self, latents: torch.Tensor) -> np.ndarray:
         img = ((latents.detach().float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
