@@ -489,9 +489,10 @@ def _shapes_base(name: str, mode: str) -> RunConfig:
     minutes on two cores since a training forward takes rows of several samples and timesteps (10 before).
 
     The NFT guidance strength is 0.5 (the reference: 1.0, and 0.1 for its OCR and multi-reward runs): the implicit
-    positive policy beta * v + (1 - beta) * v_old then reaches the better half of a group with half the step in
-    v. Three run seeds each, on one H200 (benchmarks/results/nft_beta_gpu.md) and on two CPU cores, it ended 12
-    epochs at 0.825 / 0.813 against 1.0's 0.799 / 0.807 on the same seeds (0.3 and 0.2: 0.827, 0.828)."""
+    positive policy beta * v + (1 - beta) * v_old then moves half as far as v, so the loss pulls v twice as far
+    towards the better half of a group. Three run seeds each, on one H200 (benchmarks/results/nft_beta_gpu.md)
+    and on two CPU cores, it ended 12 epochs at 0.825 / 0.813 against 1.0's 0.799 / 0.807 on the same seeds (0.3
+    and 0.2 on the H200: 0.827, 0.828)."""
     cfg = RunConfig(name=name, seed=0, epochs=12, threads=0)
     cfg.lora = LoraConfig(rank=16, alpha=32.0)
     cfg.rollout = RolloutConfig(
