@@ -216,7 +216,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.device:
         kw["device"] = a.device
     if a.sets:
-        kw["sets"] = tuple(a.sets)
+        kw["overrides"] = tuple(a.sets)
     if a.name == "curve" and a.threads:
         kw["threads"] = a.threads  # per run: the runs set their own torch threads
     try:

@@ -232,13 +232,12 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0, reward: str | None = None,
         repeats: int | None = None, eval_reward: str | None = None, jobs: int = 1,
         threads: int = 0, modes: tuple[str, ...] | None = None, compare: str | None = None,
-        device: str | None = None, sets: tuple[str, ...] = ()) -> dict[str, Any]:
+        device: str | None = None, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """`jobs` runs train at once, each on `threads` torch threads (0: the cores shared out between the jobs);
     runs already finished under `out` with the same settings are reused. `modes`: which to train (default the
     paper's four); `compare`: an earlier curve JSON whose modes (same settings) are set beside these. `device`:
-    each run's model.device (e.g. cuda: the jobs share the GPU); `sets`: config overrides for every run (a variant
+    each run's model.device (e.g. cuda: the jobs share the GPU); `overrides`: config overrides for every run (a variant
     of the presets, recorded in the results' settings)."""
-    sets_extra = list(sets)
     chosen = tuple(modes or PAPER_MODES)
     unknown = [m for m in chosen if m not in MODES]
     if unknown or not chosen:
@@ -260,7 +259,7 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     per_run = threads or (max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0)
     if per_run:  # 0: a single job keeps the process's own torch threads
         sets.append(f"threads={per_run}")
-    extra = sets_extra + ([f"model.device={device}"] if device else [])
+    extra = list(overrides) + ([f"model.device={device}"] if device else [])
     if extra:  # checked now, not in a worker after the other runs have started
         for mode in chosen:
             apply_overrides(get_preset(MODES[mode][0]), sets + MODES[mode][1] + extra).validate()
