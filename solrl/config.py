@@ -148,6 +148,9 @@ class PromptsConfig:
 
     train: str = "shapes:train"         # what the explorer samples prompts from
     eval: str = "shapes:held-out"       # held-out prompts (shapes sets: a fixed, form-stratified subset)
+    # shapes sets: the share of relation captions among an epoch's training prompts; single-object and count
+    # captions share the rest 2:1 (the pretraining mix's proportions, `solrl shapes pretrain --relation-share`)
+    relation_share: float = 0.4
 
 
 @dataclass
@@ -231,6 +234,8 @@ class RunConfig:
                                   f"--set prompts.{name}=/data/prompts/{name}.txt")
         if self.checkpoint_every < 0 or self.threads < 0:
             raise ConfigError("checkpoint_every and threads must be >= 0")
+        if not 0 < self.prompts.relation_share < 1:
+            raise ConfigError(f"prompts.relation_share must be in (0, 1), got {self.prompts.relation_share}")
         self._validate_precision()
         return self
 

@@ -97,6 +97,25 @@ def test_uniform_draw_is_deterministic_and_distinct():
     assert type(prompt_sampler("shapes:train", list(split_prompts()[0]))) is not UniformPromptSampler
 
 
+def test_shapes_relation_share():
+    """prompts.relation_share sets the share of relation captions in an epoch's shapes prompts; the default
+    draws exactly what the form-balanced sampler drew before the setting existed (same rng, same prompts)."""
+    from solrl.models.shapes_pretrain import FORM_WEIGHTS, PromptSampler
+    from solrl.world.shapes import parse
+
+    train = list(split_prompts()[0])
+    default = RunConfig().prompts.relation_share
+    rng = lambda: np.random.default_rng(5)  # noqa: E731
+    assert prompt_sampler("shapes:train", train, default)(rng(), 64) == PromptSampler(train, FORM_WEIGHTS)(rng(), 64)
+    for share in (0.2, 0.6):
+        forms = [parse(c).form for c in prompt_sampler("shapes:train", train, share)(np.random.default_rng(0), 4000)]
+        assert abs(forms.count("relation") / 4000 - share) < 0.03
+        assert abs(forms.count("single") / forms.count("count") - 2.0) < 0.3  # the rest stays 2:1
+    for bad in ("0", "1", "1.5"):
+        with pytest.raises(ConfigError, match="prompts.relation_share"):
+            apply_overrides(get_preset("shapes-sol-rl"), [f"prompts.relation_share={bad}"]).validate()
+
+
 def test_eval_prompt_sets():
     assert eval_prompt_set("shapes:held-out", 12) == eval_prompts(12)
     assert eval_prompt_set("ocr:test", 5) == ocr_prompts("test")[:5]
