@@ -236,6 +236,9 @@ class RunConfig:
             raise ConfigError("checkpoint_every and threads must be >= 0")
         if not 0 < self.prompts.relation_share < 1:
             raise ConfigError(f"prompts.relation_share must be in (0, 1), got {self.prompts.relation_share}")
+        if self.prompts.relation_share != PromptsConfig.relation_share and not self.prompts.train.strip().startswith("shapes:"):
+            raise ConfigError(f"prompts.relation_share applies to the shapes world's prompt sets only; prompts.train is "
+                              f"{self.prompts.train!r}")
         self._validate_precision()
         return self
 

@@ -159,11 +159,11 @@ class UniformPromptSampler:
         return [self.prompts[int(i)] for i in idx]
 
 
-def prompt_sampler(name: str, prompts: list[str], relation_share: float = 0.4):
+def prompt_sampler(name: str, prompts: list[str], relation_share: float | None = None):
     """The sampler of a run's training prompts: for the shapes world, by caption form (its forms are
-    unevenly many), `relation_share` of them relations; uniform otherwise."""
+    unevenly many), `relation_share` of them relations (None: the pretraining mix's); uniform otherwise."""
     if is_shapes_set(name):
         from solrl.models.shapes_pretrain import PromptSampler, form_weights
 
-        return PromptSampler(prompts, form_weights(relation_share))
+        return PromptSampler(prompts, None if relation_share is None else form_weights(relation_share))
     return UniformPromptSampler(prompts)

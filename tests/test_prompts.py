@@ -114,6 +114,9 @@ def test_shapes_relation_share():
     for bad in ("0", "1", "1.5"):
         with pytest.raises(ConfigError, match="prompts.relation_share"):
             apply_overrides(get_preset("shapes-sol-rl"), [f"prompts.relation_share={bad}"]).validate()
+    with pytest.raises(ConfigError, match="shapes world's prompt sets only"):
+        apply_overrides(get_preset("shapes-sol-rl"), ["prompts.train=ocr:train", "prompts.relation_share=0.2"]).validate()
+    apply_overrides(get_preset("shapes-sol-rl"), ["prompts.train=ocr:train"]).validate()  # the default is no error
 
 
 def test_eval_prompt_sets():
