@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from solrl.precision import PrecisionConfig
+from solrl.prompts import is_shapes_set
 
 MODES = ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant")
 SELECTIONS = ("best_worst", "random", "mean_deviation", "extremes_random")
@@ -149,7 +150,8 @@ class PromptsConfig:
     train: str = "shapes:train"         # what the explorer samples prompts from
     eval: str = "shapes:held-out"       # held-out prompts (shapes sets: a fixed, form-stratified subset)
     # shapes sets: the share of relation captions among an epoch's training prompts; single-object and count
-    # captions share the rest 2:1 (the pretraining mix's proportions, `solrl shapes pretrain --relation-share`)
+    # captions share the rest 2:1 (the pretraining mix's proportions, `solrl shapes pretrain --relation-share`); the default
+    # is FORM_WEIGHTS["relation"] of solrl/models/shapes_pretrain.py (tests/test_prompts.py checks they agree)
     relation_share: float = 0.4
 
 
@@ -236,7 +238,7 @@ class RunConfig:
             raise ConfigError("checkpoint_every and threads must be >= 0")
         if not 0 < self.prompts.relation_share < 1:
             raise ConfigError(f"prompts.relation_share must be in (0, 1), got {self.prompts.relation_share}")
-        if self.prompts.relation_share != PromptsConfig.relation_share and not self.prompts.train.strip().startswith("shapes:"):
+        if self.prompts.relation_share != PromptsConfig.relation_share and not is_shapes_set(self.prompts.train):
             raise ConfigError(f"prompts.relation_share applies to the shapes world's prompt sets only; prompts.train is "
                               f"{self.prompts.train!r}")
         self._validate_precision()
