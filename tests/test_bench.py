@@ -234,11 +234,15 @@ def test_curve_on_another_reward(tmp_path):
 
 def test_curve_takes_config_overrides_and_refuses_bad_ones_before_training(tmp_path, capsys):
     assert main(["bench", "curve", "--small", "--epochs", "1", "--repeats", "1", "--modes", "sol_rl",
-                 "--set", "train.beta=0.5", "--device", "cpu", "--out", str(tmp_path)]) == 0
+                 "--set", "train.beta=0.5", "--set", "reward=shapes_dense", "--device", "cpu",
+                 "--out", str(tmp_path)]) == 0
     r = json.loads((tmp_path / "curve-sol_rl.json").read_text())
     assert "train.beta=0.5" in r["settings"] and "model.device=cpu" in r["settings"]
+    # the report names the reward the runs trained on (set by --set), judged by the preset's exact reward
+    assert (r["reward"], r["eval_reward"]) == ("shapes_dense", "shapes")
+    assert "Trained on `shapes_dense`, evaluated with `shapes`" in (tmp_path / "curve-sol_rl.md").read_text()
     saved = json.loads((tmp_path / "curve-sol_rl_runs" / "sol_rl_seed0" / "config.json").read_text())
-    assert saved["train"]["beta"] == 0.5 and saved["model"]["device"] == "cpu"
+    assert saved["train"]["beta"] == 0.5 and saved["model"]["device"] == "cpu" and saved["reward"] == "shapes_dense"
     for bad, field in ((["--set", "train.betta=1"], "train.betta"), (["--set", "train.beta=-1"], "train.beta"),
                        (["--device", "tpu"], "model.device")):
         capsys.readouterr()

@@ -264,6 +264,9 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
         for mode in chosen:
             apply_overrides(get_preset(MODES[mode][0]), sets + MODES[mode][1] + extra).validate()
         sets += extra
+    # what the runs train and are judged on as configured, so a `--set reward=...` shows in the report too
+    effective = apply_overrides(get_preset(MODES[chosen[0]][0]), sets + MODES[chosen[0]][1])
+    trained_on, judge = effective.reward, effective.eval.reward or effective.reward
     earlier = _compared(Path(compare), sets, n_epochs, n_runs, seed, chosen) if compare else {}
     if set(chosen) != set(PAPER_MODES):
         name += "-" + "-".join(chosen)
@@ -283,7 +286,7 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     at_equal_cost(modes)
     result = {"eval_forms": eval_forms(MODES[chosen[0]][0], sets),
               "epochs": n_epochs, "eval_every": every, "repeats": n_runs, "seed": seed, "jobs": jobs,
-              "threads_per_run": per_run, "reward": reward or "shapes", "trained_modes": list(chosen),
+              "threads_per_run": per_run, "reward": trained_on, "trained_modes": list(chosen),
               "compared_with": {"file": Path(compare).name, "modes": sorted(earlier)} if compare else None,
               "eval_reward": judge, "settings": sets, "nft_final_reward": target, "claims": claims(modes), "modes": modes}
     plot(modes, out / f"{name}.png", judge)
