@@ -28,7 +28,7 @@ from solrl.telemetry import image_grid, save_png
 from solrl.world.shapes import parse, split_prompts
 
 ATTRIBUTES = ("colour", "shape", "count", "position")
-_SUMMARY_KEYS = ("exact_match", "dense_mean", "dense_spearman")
+_SUMMARY_KEYS = ("exact_match", "dense_mean", "dense_spearman", "relation_order_n")
 
 
 def summary_metrics(result: dict[str, Any]) -> dict[str, Any]:
@@ -37,6 +37,17 @@ def summary_metrics(result: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in result.items() if k.endswith("_accuracy") or k.startswith("form_") or k in _SUMMARY_KEYS}
     out.update({f"form_{k}": v for k, v in result.get("by_form", {}).items()})
     return out
+
+
+def relation_order(detail: list[dict[str, float]], prompts: list[str]) -> tuple[float | None, int]:
+    """Whether a model reads a relation's word, apart from drawing its objects: over the relation images that hold
+    exactly the two prompted colours (the colour sub-score is 1, so two detections, one of each), the share whose
+    objects stand in the prompted relation; and how many such images there were. A model that places the two
+    objects by its noise alone scores about 0.5 here (the world draws a relation's objects in two slots on one
+    axis); ground truth scores 1. None when no image qualifies."""
+    hits = [d["position"] for d, p in zip(detail, prompts)
+            if caption_form(p) == "relation" and d["colour"] >= 0.999]
+    return (float(np.mean(hits)) if hits else None), len(hits)
 
 
 def caption_form(caption: str) -> str:
@@ -105,6 +116,7 @@ def _score(scorer: Scorer, images: np.ndarray, prompts: list[str]) -> tuple[np.n
             vals = [d[a] for d in detail if not math.isnan(d[a])]
             extra[f"{a}_accuracy"] = float(np.mean(vals)) if vals else None
         extra["exact_match"] = float(np.mean(totals >= 0.999))
+        extra["relation_order_accuracy"], extra["relation_order_n"] = relation_order(detail, prompts)
         # the dense training reward on the same images, and how it ranks them against the exact one
         from scipy.stats import spearmanr
 

@@ -199,6 +199,40 @@ def test_group_stats_per_caption_form():
                                              "best_minus_mean": (0.0 + 0.25) / 2})
 
 
+def test_relation_order_reads_the_relation_word_apart_from_the_objects():
+    """relation_order: over relation images holding exactly the two prompted colours, the share in the prompted
+    order. Ground truth scores 1; the same renders scored against the opposite relation score 0; images that
+    miss a colour and other forms are not counted; none qualifying gives None."""
+    from solrl.evaluate import relation_order
+    from solrl.rewards.shapes import ShapesReward
+    from solrl.world.shapes import parse, render
+
+    rng = np.random.default_rng(5)
+    opposite = {"to the left of": "to the right of", "to the right of": "to the left of", "above": "below",
+                "below": "above"}
+    captions = ["a red circle to the left of a blue square", "a green triangle above a yellow circle",
+                "a purple square below a cyan triangle", "a blue circle to the right of a red triangle"] * 3
+    images = np.stack([render(parse(c), rng) for c in captions])
+    swapped = []
+    for c in captions:
+        for k, v in opposite.items():
+            if f" {k} " in c:
+                swapped.append(c.replace(f" {k} ", f" {v} "))
+                break
+    reward = ShapesReward()
+    assert relation_order(reward.score_detailed(images, captions), captions) == (1.0, 12)
+    assert relation_order(reward.score_detailed(images, swapped), swapped) == (0.0, 12)
+    # half the images in the prompted order, half reversed: 0.5, the level of a model that ignores the word
+    mixed = captions[:6] + swapped[6:]
+    assert relation_order(reward.score_detailed(images, mixed), mixed) == (0.5, 12)
+    # a blank canvas (no colours found) and a single-object prompt do not count
+    blank = np.full_like(images[:2], 255)
+    extra = [captions[0], "a red circle on the left"]
+    detail = reward.score_detailed(np.concatenate([images, blank]), captions + extra)
+    assert relation_order(detail, captions + extra) == (1.0, 12)
+    assert relation_order(reward.score_detailed(blank, extra), extra) == (None, 0)
+
+
 def test_model_device_is_checked_and_cpu_runs_as_the_default(random_model_dir, tmp_path):
     from solrl.config import ConfigError
 
