@@ -217,6 +217,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         kw["device"] = a.device
     if a.sets:
         kw["overrides"] = tuple(a.sets)
+    if a.models:
+        kw["models"] = tuple(x for x in a.models.split(",") if x)
     if a.name == "curve" and a.threads:
         kw["threads"] = a.threads  # per run: the runs set their own torch threads
     try:
@@ -461,8 +463,9 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--small", action="store_true", help="tiny settings (seconds; what the tests run)")
     b.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default; curve: per run)")
     b.add_argument("--seed", type=int, default=None, help="seed of the sampled seeds / training runs (default 0)")
-    b.add_argument("--prompts", type=int, default=None, help="ranking: held-out prompts; rollout / ablate: prompts per epoch")
-    b.add_argument("--seeds", type=int, default=None, help="ranking: seeds per prompt")
+    b.add_argument("--prompts", type=int, default=None,
+                   help="ranking / relations: held-out prompts; rollout / ablate: prompts per epoch")
+    b.add_argument("--seeds", type=int, default=None, help="ranking / relations: seeds per prompt")
     b.add_argument("--epochs", type=int, default=None, help="rollout / curve / ablate / serve: epochs per mode or setting")
     b.add_argument("--precisions", default=None,
                    help="ranking: comma-separated proxy precisions; NAME@2/6 limits one to those explore steps")
@@ -486,6 +489,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="curve: an earlier curve JSON measured with the same settings whose modes are set beside these")
     b.add_argument("--device", default=None, help="pretrain_sweep: train (and track) on this torch device, e.g. cuda; "
                                                   "curve: each run's model.device")
+    b.add_argument("--models", default=None,
+                   help="relations: comma-separated shapes model directories (default: the bundled base), e.g. "
+                        "solrl shapes pretrain's step_NNNNN")
     b.add_argument("--set", dest="sets", action="append", default=None, metavar="KEY=VALUE",
                    help="curve: a config override for every run (repeat), e.g. train.beta=0.5")
     b.set_defaults(fn=cmd_bench)

@@ -20,6 +20,7 @@ BENCHES: dict[str, str] = {
     "denoisers": "shapes denoiser families: pretraining step and 16-seed forward cost, NVFP4-quantized share",
     "cli": "seconds to answer `solrl --help` and each subcommand's --help, against importing torch",
     "pretrain_sweep": "shapes base pretraining variants x seeds, tracked with the headroom CFG shows (choose a base)",
+    "relations": "whether a shapes model reads the relation word: order, pixel change and pairs right both ways when it flips",
     "sensitivity": "image error of the low-precision explorer per block and per layer kind (one part quantized at a time)",
 }
 
