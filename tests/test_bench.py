@@ -369,6 +369,10 @@ def test_relations_bench_pairs_each_prompt_with_its_opposite_on_the_same_seeds(t
         opposite("a red circle on the left")
     with pytest.raises(ValueError, match=r"prompts must be in \[1, "):
         relation_prompts(0, 0)
+    with pytest.raises(ValueError, match="seeds must be positive, got -1"):
+        run_bench("relations", tmp_path, small=True, seeds=-1)
+    assert main(["bench", "relations", "--small", "--models", f"{tmp_path / 'nope'}", "--out", str(tmp_path)]) != 0
+    assert "shapes model weights not found" in capsys.readouterr().err
     prompts = relation_prompts(6, 3)
     assert prompts == relation_prompts(6, 3) and len(set(prompts)) == 6
 

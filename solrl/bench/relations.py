@@ -96,14 +96,15 @@ def run(out: Path, small: bool = False, prompts: int | None = None, seeds: int |
 
     n_prompts = prompts or (2 if small else 64)
     n_seeds = seeds or (2 if small else 4)
+    if n_seeds < 1:
+        raise ValueError(f"seeds must be positive, got {n_seeds}")
     guidances = (1.0,) if small else (1.0, 3.0)
     chosen = relation_prompts(n_prompts, seed)
-    rows = []
-    for path in models or (str(WEIGHTS_DIR),):
-        model = ShapesModel.load(path)
-        for g in guidances:
-            rows.append({"model": "bundled base" if Path(path).resolve() == WEIGHTS_DIR.resolve() else str(path),
-                         **measure(model, chosen, n_seeds, g, seed=seed)})
+    # every model is loaded before any sampling, so a bad path fails at once
+    loaded = [("bundled base" if Path(path).resolve() == WEIGHTS_DIR.resolve() else str(path), ShapesModel.load(path))
+              for path in models or (str(WEIGHTS_DIR),)]
+    rows = [{"model": label, **measure(model, chosen, n_seeds, g, seed=seed)}
+            for label, model in loaded for g in guidances]
     result = {"prompts": chosen, "seeds_per_prompt": n_seeds, "steps": 10, "rows": rows}
     lines = ["| model | CFG | relation reward | position | relation order (images) | pixel change (0-255) | "
              "pairs right both ways (pairs) |", "|---|---|---|---|---|---|---|"]
