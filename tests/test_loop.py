@@ -203,22 +203,16 @@ def test_relation_order_reads_the_relation_word_apart_from_the_objects():
     """relation_order: over relation images holding exactly the two prompted colours, the share in the prompted
     order. Ground truth scores 1; the same renders scored against the opposite relation score 0; images that
     miss a colour and other forms are not counted; none qualifying gives None."""
+    from solrl.bench.relations import opposite
     from solrl.evaluate import relation_order
     from solrl.rewards.shapes import ShapesReward
     from solrl.world.shapes import parse, render
 
     rng = np.random.default_rng(5)
-    opposite = {"to the left of": "to the right of", "to the right of": "to the left of", "above": "below",
-                "below": "above"}
     captions = ["a red circle to the left of a blue square", "a green triangle above a yellow circle",
                 "a purple square below a cyan triangle", "a blue circle to the right of a red triangle"] * 3
     images = np.stack([render(parse(c), rng) for c in captions])
-    swapped = []
-    for c in captions:
-        for k, v in opposite.items():
-            if f" {k} " in c:
-                swapped.append(c.replace(f" {k} ", f" {v} "))
-                break
+    swapped = [opposite(c) for c in captions]
     reward = ShapesReward()
     assert relation_order(reward.score_detailed(images, captions), captions) == (1.0, 12)
     assert relation_order(reward.score_detailed(images, swapped), swapped) == (0.0, 12)

@@ -14,7 +14,6 @@ step_NNNNN), unguided and with classifier-free guidance:
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +21,20 @@ import numpy as np
 
 from solrl.bench.common import write_results
 
-OPPOSITE = {"to the left of": "to the right of", "to the right of": "to the left of", "above": "below",
-            "below": "above"}
+OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
 
 
 def opposite(caption: str) -> str:
-    """The caption with its relation reversed (the objects keep their places in the sentence)."""
+    """The caption with its relation reversed (the objects keep their places in the sentence), written by the
+    world's own grammar (`Spec.caption`)."""
+    import dataclasses
+
     from solrl.world.shapes import parse
 
     spec = parse(caption)
     if spec.form != "relation":
         raise ValueError(f"not a relation caption: {caption!r}")
-    for word, other in OPPOSITE.items():
-        if f" {word} " in caption:
-            return caption.replace(f" {word} ", f" {other} ", 1)
-    raise ValueError(f"no relation phrase found in {caption!r}")  # pragma: no cover - parse() accepted it
+    return dataclasses.replace(spec, relation=OPPOSITE[spec.relation]).caption()
 
 
 def relation_prompts(n: int, seed: int) -> list[str]:
@@ -86,8 +84,8 @@ def measure(model: Any, prompts: list[str], seeds: int, guidance: float, steps: 
     }
 
 
-def _f(v: float | None, fmt: str = ".3f") -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
 
 
 def run(out: Path, small: bool = False, prompts: int | None = None, seeds: int | None = None,
