@@ -167,6 +167,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
                          heads=a.heads, patch=a.patch, device=a.device, text_width=a.text_width,
                          text_layers=a.text_layers, unet_channels=a.unet_channels, attn_full_res=a.attn_full_res,
                          relation_share=a.relation_share, track_on_device=a.track_on_device, eval_prompts=a.eval_prompts,
+                         text_encoder_from=a.text_encoder_from, freeze_text=a.freeze_text,
                          **({"min_lr_ratio": a.min_lr_ratio} if a.min_lr_ratio is not None else {}))
     if cfg.steps <= 0 or cfg.batch_size <= 0 or cfg.eval_prompts <= 0:
         raise ConfigError("--steps, --batch-size and --eval-prompts must be positive")
@@ -175,6 +176,25 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
     except ValueError as err:   # a bad --device or --t-sampling: a usage error, not a traceback
         raise ConfigError(str(err)) from None
     print(f"saved checkpoints under {a.out}")
+    return 0
+
+
+def cmd_pretrain_text(a: argparse.Namespace) -> int:
+    import torch
+
+    from solrl.models.shapes_text_pretrain import TextPretrainConfig, pretrain_text
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.steps <= 0 or a.batch_size < 2:
+        raise ConfigError("--steps must be positive and --batch-size at least 2 (the other images are the negatives)")
+    if not 0 < a.relation_share < 1:
+        raise ConfigError(f"--relation-share must be in (0, 1), got {a.relation_share}")
+    cfg = TextPretrainConfig(steps=a.steps, batch_size=a.batch_size, lr=a.lr, seed=a.seed, eval_every=a.eval_every,
+                             relation_share=a.relation_share, hard_negatives=not a.no_hard_negatives,
+                             text_width=a.text_width, text_layers=a.text_layers)
+    pretrain_text(cfg, Path(a.out), progress=not a.no_progress)
+    print(f"saved {a.out}/text_encoder (pretrain the denoiser on it: solrl shapes pretrain --text-encoder-from {a.out})")
     return 0
 
 
@@ -438,6 +458,9 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="a fresh UNet cross-attends to the caption at the full 32x32 resolution too")
     sp.add_argument("--relation-share", type=float, default=0.4,
                     help="share of two-object relation captions in the data (singles : counts stay 2 : 1)")
+    sp.add_argument("--text-encoder-from", default=None,
+                    help="a fresh model starts from the text encoder in DIR/text_encoder (solrl shapes pretrain-text)")
+    sp.add_argument("--freeze-text", action="store_true", help="keep the text encoder's weights fixed")
     sp.add_argument("--eval-every", type=int, default=500,
                     help="score the saved weights on held-out and training prompts every N steps (0: never); "
                          "OUT/eval.jsonl")
@@ -452,6 +475,24 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="run the tracking samples' forwards on --device too (default: on a CPU copy)")
     sp.add_argument("--no-progress", action="store_true", help="no progress bar")
     sp.set_defaults(fn=cmd_pretrain)
+
+    tp = ssub.add_parser("pretrain-text", help="pretrain the shapes text encoder contrastively, with order-swapped "
+                                               "captions as hard negatives (reads which object goes where)")
+    tp.add_argument("--out", required=True, help="directory for text_encoder/, log.jsonl and card.json")
+    tp.add_argument("--steps", type=int, default=300)
+    tp.add_argument("--batch-size", type=int, default=128, help="images per step (the others are the negatives)")
+    tp.add_argument("--lr", type=float, default=1e-3)
+    tp.add_argument("--seed", type=int, default=0)
+    tp.add_argument("--relation-share", type=float, default=0.5, help="share of relation captions per batch")
+    tp.add_argument("--no-hard-negatives", action="store_true",
+                    help="drop the order-swapped negatives (the bag-of-words baseline)")
+    tp.add_argument("--text-width", type=int, default=64, help="hidden size (x16)")
+    tp.add_argument("--text-layers", type=int, default=2)
+    tp.add_argument("--eval-every", type=int, default=100,
+                    help="score held-out relation images against their reversed caption every N steps (0: at the end)")
+    tp.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    tp.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tp.set_defaults(fn=cmd_pretrain_text)
 
     from solrl.bench import BENCHES
 

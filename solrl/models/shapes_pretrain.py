@@ -56,6 +56,9 @@ class PretrainConfig:
     text_layers: int = 2           # text encoder blocks (a fresh model)
     unet_channels: tuple[int, ...] = (32, 64, 64)  # a fresh UNet's channels per resolution
     attn_full_res: bool = False    # a fresh UNet also cross-attends to the caption at the full 32x32 resolution
+    text_encoder_from: str | None = None  # a fresh model starts from this pretrained text encoder (DIR/text_encoder,
+                                   # `solrl shapes pretrain-text`); its width sets the denoiser's cross-attention
+    freeze_text: bool = False      # keep the text encoder's weights fixed (as T2I models keep their pretrained one)
     relation_share: float = 0.4    # share of relation captions in the data (singles : counts stay 2 : 1)
     stop_at: int = 0               # > 0: end after this step (saved there) while lr follows the `steps` schedule:
                                    # a checkpoint chosen from a longer run's tracked curve, reproduced alone
@@ -165,12 +168,24 @@ def pretrain(cfg: PretrainConfig, out: Path, progress: bool = True) -> ShapesMod
     if cfg.init_from:
         model = ShapesModel.load(cfg.init_from)
     else:
+        text_width, text_encoder = cfg.text_width, None
+        if cfg.text_encoder_from:
+            from transformers import CLIPTextModel
+
+            src = Path(cfg.text_encoder_from) / "text_encoder"
+            if not (src / "config.json").exists():
+                raise ValueError(f"text_encoder_from: no text encoder in {src} (train one with "
+                                 "`solrl shapes pretrain-text --out DIR`)")
+            text_encoder = CLIPTextModel.from_pretrained(src, local_files_only=True, use_safetensors=True)
+            text_width = text_encoder.config.hidden_size
         model = ShapesModel.random(cfg.seed, denoiser=cfg.denoiser, layers=cfg.layers, heads=cfg.heads,
-                                   patch=cfg.patch, text_width=cfg.text_width, text_layers=cfg.text_layers,
+                                   patch=cfg.patch, text_width=text_width, text_layers=cfg.text_layers,
                                    unet_channels=tuple(cfg.unet_channels), attn_full_res=cfg.attn_full_res)
+        if text_encoder is not None:
+            model.text_encoder = text_encoder
     model.transformer.to(device).train().requires_grad_(True)
-    model.text_encoder.to(device).train().requires_grad_(True)
-    params = [*model.transformer.parameters(), *model.text_encoder.parameters()]
+    model.text_encoder.to(device).train(not cfg.freeze_text).requires_grad_(not cfg.freeze_text)
+    params = [*model.transformer.parameters(), *([] if cfg.freeze_text else model.text_encoder.parameters())]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     train_caps, _ = split_prompts()
     sampler = PromptSampler(train_caps, form_weights(cfg.relation_share))
