@@ -397,4 +397,12 @@ def test_relations_bench_pairs_each_prompt_with_its_opposite_on_the_same_seeds(t
     assert row["pixel_change"] > 0   # the relation word reaches the drawing, if only a little
     again = json.loads((tmp_path / "again" / "relations.json").read_text()) if main(
         ["bench", "relations", "--small", "--out", str(tmp_path / "again")]) == 0 else None
-    assert again["rows"] == r["rows"]
+    assert again["rows"] == r["rows"] and again["loss_gap"] == r["loss_gap"]
+    # the teacher-forced probe: the bundled base reads the colours (swapping them costs velocity error at high noise)
+    # and not the relation word (reversing it costs a fraction of that)
+    (probe,) = r["loss_gap"]
+    assert probe["model"] == "bundled base" and probe["images"] == 199
+    for t in ("t0.9", "t0.95"):
+        assert probe[t]["colour_swap_gap"] > 0
+        assert abs(probe[t]["reversed_gap"]) < probe[t]["colour_swap_gap"] / 2, probe
+    assert "Teacher-forced probe" in (out / "relations.md").read_text()

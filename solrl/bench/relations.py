@@ -10,6 +10,11 @@ step_NNNNN), unguided and with classifier-free guidance:
 - pairs right both ways: over the pairs whose two images both hold exactly the two colours, the share in the
   prompted order on both sides. A model blind to the word draws (nearly) the same image twice, so at most one
   side is right and this is near 0; a model that reads it scores near 1.
+
+And, per model, a teacher-forced probe that needs no sampling (`loss_gap`): ground-truth renders of the prompts,
+noised to a high noise level t, where the layout is decided; the denoiser's velocity error with the reversed
+caption minus with the true one (0: the word is not read), beside the same with the two objects' colours swapped
+(what reading the colours is worth, for scale).
 """
 
 from __future__ import annotations
@@ -37,12 +42,16 @@ def opposite(caption: str) -> str:
     return dataclasses.replace(spec, relation=OPPOSITE[spec.relation]).caption()
 
 
-def relation_prompts(n: int, seed: int) -> list[str]:
-    """`n` held-out relation captions, drawn without replacement by a seeded generator."""
+def held_relations() -> list[str]:
     from solrl.evaluate import caption_form
     from solrl.world.shapes import split_prompts
 
-    held = [p for p in split_prompts()[1] if caption_form(p) == "relation"]
+    return [p for p in split_prompts()[1] if caption_form(p) == "relation"]
+
+
+def relation_prompts(n: int, seed: int) -> list[str]:
+    """`n` held-out relation captions, drawn without replacement by a seeded generator."""
+    held = held_relations()
     if not 0 < n <= len(held):
         raise ValueError(f"prompts must be in [1, {len(held)}] (held-out relation captions), got {n}")
     rng = np.random.default_rng(seed)
@@ -84,6 +93,41 @@ def measure(model: Any, prompts: list[str], seeds: int, guidance: float, steps: 
     }
 
 
+def _swap_colours(caption: str) -> str:
+    import dataclasses
+
+    from solrl.world.shapes import ObjectSpec, parse
+
+    spec = parse(caption)
+    a, b = spec.objects
+    return dataclasses.replace(spec, objects=(ObjectSpec(b.color, a.shape), ObjectSpec(a.color, b.shape))).caption()
+
+
+def loss_gap(model: Any, prompts: list[str], seed: int = 0, ts: tuple[float, ...] = (0.9, 0.95)) -> dict[str, Any]:
+    """Per t: mean velocity MSE with the reversed caption minus with the true one, and with the colours swapped
+    minus with the true one, over one ground-truth render per prompt noised with the same noise."""
+    import torch
+
+    from solrl.models.shapes import images_to_latents
+    from solrl.world.shapes import parse, render
+
+    rng = np.random.default_rng(seed)
+    x0 = images_to_latents(np.stack([render(parse(p), rng) for p in prompts]))
+    noise = torch.randn(x0.shape, generator=torch.Generator().manual_seed(seed))
+    out: dict[str, Any] = {"images": len(prompts)}
+    with torch.no_grad():
+        conds = {k: model.encode(c) for k, c in (("true", prompts), ("reversed", [opposite(p) for p in prompts]),
+                                                  ("colour_swap", [_swap_colours(p) for p in prompts]))}
+        for t in ts:
+            xt = (1 - t) * x0 + t * noise
+            tt = torch.full((len(prompts),), t)
+            err = {k: float(((model.velocity(model.transformer, xt, tt, c) - (noise - x0)) ** 2).mean())
+                   for k, c in conds.items()}
+            out[f"t{t:g}"] = {"reversed_gap": err["reversed"] - err["true"],
+                              "colour_swap_gap": err["colour_swap"] - err["true"]}
+    return out
+
+
 def _f(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
@@ -103,14 +147,24 @@ def run(out: Path, small: bool = False, prompts: int | None = None, seeds: int |
               for path in models or (str(WEIGHTS_DIR),)]
     rows = [{"model": label, **measure(model, chosen, n_seeds, g, seed=seed)}
             for label, model in loaded for g in guidances]
-    result = {"prompts": chosen, "seeds_per_prompt": n_seeds, "steps": 10, "rows": rows}
+    probe_prompts = relation_prompts(len(held_relations()), 0)   # every held-out relation prompt, one render each
+    probes = [{"model": label, **loss_gap(model, probe_prompts, seed)} for label, model in loaded]
+    result = {"prompts": chosen, "seeds_per_prompt": n_seeds, "steps": 10, "rows": rows, "loss_gap": probes}
     lines = ["| model | CFG | relation reward | position | relation order (images) | pixel change (0-255) | "
              "pairs right both ways (pairs) |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['guidance']:g} | {r['relation_reward']:.3f} | {r['relation_position']:.3f} | "
                      f"{_f(r['relation_order'])} ({r['relation_order_n']}) | {r['pixel_change']:.2f} | "
                      f"{_f(r['pairs_right_both_ways'])} ({r['pairs_n']}) |")
+    probe_lines = ["| model | reversed caption, t = 0.9 / 0.95 | colours swapped, t = 0.9 / 0.95 |", "|---|---|---|"]
+    for r in probes:
+        probe_lines.append(f"| {r['model']} | {r['t0.9']['reversed_gap']:+.4f} / {r['t0.95']['reversed_gap']:+.4f} | "
+                           f"{r['t0.9']['colour_swap_gap']:+.4f} / {r['t0.95']['colour_swap_gap']:+.4f} |")
     body = (f"{n_prompts} held-out relation prompts x {n_seeds} seeds, each sampled beside the same prompt with the "
             "opposite relation on the same seeds (10 Euler steps). Relation order is about 0.5, and pairs right both "
-            "ways about 0, for a model that places the two objects by its noise alone.\n\n" + "\n".join(lines))
+            "ways about 0, for a model that places the two objects by its noise alone.\n\n" + "\n".join(lines)
+            + f"\n\nTeacher-forced probe (one ground-truth render of each of the {len(probe_prompts)} held-out relation "
+            "prompts, noised to t "
+            "with the same noise): velocity MSE with the reversed caption minus with the true one (0: the relation "
+            "word is not read), and with the two objects' colours swapped (for scale).\n\n" + "\n".join(probe_lines))
     return write_results(out, "relations", result, body)
