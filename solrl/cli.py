@@ -479,15 +479,15 @@ def _build_parser() -> argparse.ArgumentParser:
     tp = ssub.add_parser("pretrain-text", help="pretrain the shapes text encoder contrastively, with order-swapped "
                                                "captions as hard negatives (reads which object goes where)")
     tp.add_argument("--out", required=True, help="directory for text_encoder/, log.jsonl and card.json")
-    tp.add_argument("--steps", type=int, default=300)
+    tp.add_argument("--steps", type=int, default=300, help="optimizer steps")
     tp.add_argument("--batch-size", type=int, default=128, help="images per step (the others are the negatives)")
-    tp.add_argument("--lr", type=float, default=1e-3)
-    tp.add_argument("--seed", type=int, default=0)
+    tp.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (warm-up, then cosine to a tenth)")
+    tp.add_argument("--seed", type=int, default=0, help="seed of the weights, data and negatives")
     tp.add_argument("--relation-share", type=float, default=0.5, help="share of relation captions per batch")
     tp.add_argument("--no-hard-negatives", action="store_true",
                     help="drop the order-swapped negatives (the bag-of-words baseline)")
     tp.add_argument("--text-width", type=int, default=64, help="hidden size (x16)")
-    tp.add_argument("--text-layers", type=int, default=2)
+    tp.add_argument("--text-layers", type=int, default=2, help="transformer blocks")
     tp.add_argument("--eval-every", type=int, default=100,
                     help="score held-out relation images against their reversed caption every N steps (0: at the end)")
     tp.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
