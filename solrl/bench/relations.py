@@ -26,20 +26,13 @@ import numpy as np
 
 from solrl.bench.common import write_results
 
-OPPOSITE = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
-
 
 def opposite(caption: str) -> str:
-    """The caption with its relation reversed (the objects keep their places in the sentence), written by the
-    world's own grammar (`Spec.caption`)."""
-    import dataclasses
+    """The caption with its relation reversed (`solrl.world.shapes.reverse_relation`); ValueError for a caption
+    that is not a relation."""
+    from solrl.world.shapes import reverse_relation
 
-    from solrl.world.shapes import parse
-
-    spec = parse(caption)
-    if spec.form != "relation":
-        raise ValueError(f"not a relation caption: {caption!r}")
-    return dataclasses.replace(spec, relation=OPPOSITE[spec.relation]).caption()
+    return reverse_relation(caption)
 
 
 def held_relations() -> list[str]:

@@ -33,7 +33,7 @@ from transformers import CLIPTextModel
 
 from solrl.models.shapes import BOS, PAD, text_encoder_config, token_ids
 from solrl.models.shapes_pretrain import PromptSampler, form_weights
-from solrl.world.shapes import IMAGE_SIZE, parse, render, split_prompts
+from solrl.world.shapes import IMAGE_SIZE, parse, render, reverse_relation, split_prompts
 
 
 @dataclass
@@ -89,13 +89,8 @@ def _scored_mask(ids: torch.Tensor) -> torch.Tensor:
 
 
 def _opposite(caption: str) -> str | None:
-    import dataclasses
-
-    spec = parse(caption)
-    if spec.form != "relation":
-        return None
-    flip = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
-    return dataclasses.replace(spec, relation=flip[spec.relation]).caption()
+    """The caption with its relation reversed, or None when it is not a relation."""
+    return reverse_relation(caption) if parse(caption).form == "relation" else None
 
 
 def hard_negatives(captions: list[str], allowed: set[str]) -> tuple[list[int], list[str]]:
