@@ -25,14 +25,10 @@ from typing import Any
 import numpy as np
 
 from solrl.bench.common import write_results
+from solrl.world.shapes import reverse_relation
 
-
-def opposite(caption: str) -> str:
-    """The caption with its relation reversed (`solrl.world.shapes.reverse_relation`); ValueError for a caption
-    that is not a relation."""
-    from solrl.world.shapes import reverse_relation
-
-    return reverse_relation(caption)
+# The caption with its relation reversed (ValueError for a caption that is not a relation): the world's own.
+opposite = reverse_relation
 
 
 def held_relations() -> list[str]:
@@ -140,7 +136,7 @@ def run(out: Path, small: bool = False, prompts: int | None = None, seeds: int |
               for path in models or (str(WEIGHTS_DIR),)]
     rows = [{"model": label, **measure(model, chosen, n_seeds, g, seed=seed)}
             for label, model in loaded for g in guidances]
-    probe_prompts = relation_prompts(len(held_relations()), 0)   # every held-out relation prompt, one render each
+    probe_prompts = held_relations()   # every held-out relation prompt, one render each
     probes = [{"model": label, **loss_gap(model, probe_prompts, seed)} for label, model in loaded]
     result = {"prompts": chosen, "seeds_per_prompt": n_seeds, "steps": 10, "rows": rows, "loss_gap": probes}
     lines = ["| model | CFG | relation reward | position | relation order (images) | pixel change (0-255) | "

@@ -31,8 +31,8 @@ from torch import nn
 from tqdm import tqdm
 from transformers import CLIPTextModel
 
-from solrl.models.shapes import BOS, PAD, text_encoder_config, token_ids
-from solrl.models.shapes_pretrain import PromptSampler, form_weights
+from solrl.models.shapes import BOS, PAD, images_to_latents, text_encoder_config, token_ids
+from solrl.models.shapes_pretrain import PromptSampler, form_weights, lr_at
 from solrl.world.shapes import IMAGE_SIZE, parse, render, reverse_relation, split_prompts
 
 
@@ -42,6 +42,7 @@ class TextPretrainConfig:
     batch_size: int = 128
     lr: float = 1e-3
     warmup: int = 50
+    min_lr_ratio: float = 0.1       # cosine floor as a share of lr (the schedule is `shapes_pretrain.lr_at`'s)
     weight_decay: float = 0.01
     relation_share: float = 0.5     # share of relation captions per batch (singles : counts stay 2 : 1)
     hard_negatives: bool = True     # each relation image also scored against its caption with the relation reversed
@@ -105,13 +106,6 @@ def hard_negatives(captions: list[str], allowed: set[str]) -> tuple[list[int], l
     return rows, negs
 
 
-def _lr(step: int, cfg: TextPretrainConfig) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
 class _Pair(nn.Module):
     def __init__(self, cfg: TextPretrainConfig) -> None:
         super().__init__()
@@ -130,8 +124,6 @@ def order_accuracy(pair: _Pair, captions: list[str], seed: int = 1000) -> float:
     reversed (0.5: the encoder does not read the order)."""
     rels = [c for c in captions if parse(c).form == "relation"]
     rng = np.random.default_rng(seed)
-    from solrl.models.shapes import images_to_latents
-
     x = images_to_latents(np.stack([render(parse(c), rng) for c in rels]))
     patches = pair.image(x)
     right = 0
@@ -143,8 +135,6 @@ def order_accuracy(pair: _Pair, captions: list[str], seed: int = 1000) -> float:
 
 
 def pretrain_text(cfg: TextPretrainConfig, out: Path, progress: bool = True) -> CLIPTextModel:
-    from solrl.models.shapes import images_to_latents
-
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     pair = _Pair(cfg)
@@ -166,12 +156,13 @@ def pretrain_text(cfg: TextPretrainConfig, out: Path, progress: bool = True) -> 
         target = torch.arange(len(caps))
         # images -> captions over every caption (hard negatives included); captions -> images over the batch
         loss = 0.5 * (F.cross_entropy(scores, target) + F.cross_entropy(scores[:, : len(caps)].T, target))
+        lr = lr_at(step, cfg)
         for g in opt.param_groups:
-            g["lr"] = _lr(step, cfg)
+            g["lr"] = lr
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        rec = {"step": step + 1, "loss": round(loss.item(), 5), "lr": _lr(step, cfg),
+        rec = {"step": step + 1, "loss": round(loss.item(), 5), "lr": lr,
                "elapsed_s": round(time.time() - t0, 2)}
         if rows:   # how often the batch's relation images already prefer their caption to the reversed one
             s = scores.detach()

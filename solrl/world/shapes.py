@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -176,21 +176,20 @@ def parse(caption: str) -> Spec:
     raise PromptError(f"cannot parse {phrase!r} in prompt {caption!r}")
 
 
-# ---------------------------------------------------------------- all prompts and the split
-
-
 OPPOSITE_RELATION = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
 
 
 def reverse_relation(caption: str) -> str:
     """A relation caption with its relation reversed, the objects keeping their places in the sentence ("a red
     circle to the left of a blue square" -> "... to the right of ..."): the same words, the other picture."""
-    import dataclasses
-
     spec = parse(caption)
     if spec.form != "relation":
         raise PromptError(f"not a relation caption: {caption!r}")
-    return dataclasses.replace(spec, relation=OPPOSITE_RELATION[spec.relation]).caption()
+    return replace(spec, relation=OPPOSITE_RELATION[spec.relation]).caption()
+
+
+# ---------------------------------------------------------------- all prompts and the split
+
 
 def all_specs() -> list[Spec]:
     """Every spec of the grammar, in a fixed order (1,368 in all)."""
