@@ -162,15 +162,15 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
         torch.set_num_threads(a.threads)
     cfg = PretrainConfig(steps=a.steps, batch_size=a.batch_size, seed=a.seed, init_from=a.init_from,
                          **({"lr": a.lr} if a.lr else {}), **({"warmup": a.warmup} if a.warmup is not None else {}),
-                         ema_decay=a.ema_decay, t_sampling=a.t_sampling, eval_every=a.eval_every,
+                         ema_decay=a.ema_decay, t_sampling=a.t_sampling, eval_every=a.eval_every, save_every=a.save_every,
                          stop_at=a.stop_at, track_guidance=a.track_guidance, denoiser=a.denoiser, layers=a.layers,
                          heads=a.heads, patch=a.patch, device=a.device, text_width=a.text_width,
                          text_layers=a.text_layers, unet_channels=a.unet_channels, attn_full_res=a.attn_full_res,
                          relation_share=a.relation_share, track_on_device=a.track_on_device, eval_prompts=a.eval_prompts,
                          text_encoder_from=a.text_encoder_from, freeze_text=a.freeze_text,
                          **({"min_lr_ratio": a.min_lr_ratio} if a.min_lr_ratio is not None else {}))
-    if cfg.steps <= 0 or cfg.batch_size <= 0 or cfg.eval_prompts <= 0:
-        raise ConfigError("--steps, --batch-size and --eval-prompts must be positive")
+    if cfg.steps <= 0 or cfg.batch_size <= 0 or cfg.eval_prompts <= 0 or cfg.save_every <= 0:
+        raise ConfigError("--steps, --batch-size, --eval-prompts and --save-every must be positive")
     try:
         pretrain(cfg, Path(a.out), progress=not a.no_progress)
     except ValueError as err:   # a bad --device or --t-sampling: a usage error, not a traceback
@@ -461,6 +461,8 @@ def _build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--text-encoder-from", default=None,
                     help="a fresh model starts from the text encoder in DIR/text_encoder (solrl shapes pretrain-text)")
     sp.add_argument("--freeze-text", action="store_true", help="keep the text encoder's weights fixed")
+    sp.add_argument("--save-every", type=int, default=250,
+                    help="save the (EMA) weights to OUT/step_NNNNN every N steps (and at the last step)")
     sp.add_argument("--eval-every", type=int, default=500,
                     help="score the saved weights on held-out and training prompts every N steps (0: never); "
                          "OUT/eval.jsonl")

@@ -202,7 +202,8 @@ def test_relation_share_sets_the_data_mix():
 
 def test_cli_rejects_bad_architecture_values(tmp_path):
     for args, needle in ((["--unet-channels", "32,x"], "--unet-channels"), (["--text-width", "40"], "text encoder width"),
-                         (["--relation-share", "1.5"], "relation_share"), (["--unet-channels", "30,60"], "unet_channels")):
+                         (["--relation-share", "1.5"], "relation_share"), (["--unet-channels", "30,60"], "unet_channels"),
+                         (["--save-every", "0"], "--save-every")):
         proc = subprocess.run([sys.executable, "-m", "solrl.cli", "shapes", "pretrain", "--out", str(tmp_path / "x"),
                                "--steps", "1", "--eval-every", "0", *args], capture_output=True, text=True)
         assert proc.returncode == 2 and needle in proc.stderr, (args, proc.stderr[-500:])
