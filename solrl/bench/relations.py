@@ -25,10 +25,7 @@ from typing import Any
 import numpy as np
 
 from solrl.bench.common import write_results
-from solrl.world.shapes import reverse_relation
-
-# The caption with its relation reversed (ValueError for a caption that is not a relation): the world's own.
-opposite = reverse_relation
+from solrl.world.shapes import reverse_relation as opposite  # the caption with its relation reversed
 
 
 def held_relations() -> list[str]:

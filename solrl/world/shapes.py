@@ -176,7 +176,7 @@ def parse(caption: str) -> Spec:
     raise PromptError(f"cannot parse {phrase!r} in prompt {caption!r}")
 
 
-OPPOSITE_RELATION = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
+_OPPOSITE_RELATION = {"left of": "right of", "right of": "left of", "above": "below", "below": "above"}
 
 
 def reverse_relation(caption: str) -> str:
@@ -185,11 +185,10 @@ def reverse_relation(caption: str) -> str:
     spec = parse(caption)
     if spec.form != "relation":
         raise PromptError(f"not a relation caption: {caption!r}")
-    return replace(spec, relation=OPPOSITE_RELATION[spec.relation]).caption()
+    return replace(spec, relation=_OPPOSITE_RELATION[spec.relation]).caption()
 
 
 # ---------------------------------------------------------------- all prompts and the split
-
 
 def all_specs() -> list[Spec]:
     """Every spec of the grammar, in a fixed order (1,368 in all)."""
