@@ -254,16 +254,6 @@ def test_gpu_compose_places_the_roles_as_the_plan_does(name, layout):
 OVERLAYS = ["cpu-demo", "b200", "hopper"]
 
 
-@pytest.fixture()
-def k8s_tree(tmp_path):
-    """A copy of k8s/ with the GPU overlays' git-ignored token files present, as a user has them."""
-    tree = tmp_path / "k8s"
-    shutil.copytree(ROOT / "k8s", tree)
-    for overlay in ("b200", "hopper"):
-        (tree / "overlays" / overlay / "adapter-token.txt").write_text("test-token\n")
-    return tree
-
-
 def kustomize(tree: Path, overlay: str) -> list[dict]:
     out = subprocess.run([tool("kubectl"), "kustomize", str(tree / "overlays" / overlay)],
                          capture_output=True, text=True, check=False)
