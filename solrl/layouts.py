@@ -233,7 +233,8 @@ REDIS = """  redis:
     environment:
       SOLRL_QUEUE_NAMESPACE: ${SOLRL_QUEUE_NAMESPACE:-solrl:default}
 """ + "".join(f"      SOLRL_REDIS_{r.upper()}_PASSWORD: {_required(f'SOLRL_REDIS_{r.upper()}_PASSWORD')}\n"
-              for r in ("trainer", "explorer", "regenerator")) + """    volumes: [redis-data:/data, ./k8s/base/redis-acl.sh:/usr/local/bin/solrl-redis-acl.sh:ro]
+              for r in ("trainer", "explorer", "regenerator")) + """\
+    volumes: [redis-data:/data, ./k8s/base/redis-acl.sh:/usr/local/bin/solrl-redis-acl.sh:ro]
     healthcheck:
       test: ["CMD", "redis-cli", "ping"]
       interval: 10s
