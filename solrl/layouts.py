@@ -114,7 +114,7 @@ def compose(p: Any, sets: list[str]) -> str:
     out += (f"    # torchrun, {x.trainer_ranks} data-parallel ranks (PET_NPROC_PER_NODE), one per GPU; rank 0 is the "
             "service\n    # (services/trainer/README.md)\n")
     out += "    entrypoint: [" + ", ".join(f'"{a}"' for a in TRAINER_ENTRY) + "]\n"
-    out += ("    environment:\n      <<: [*base-env, *run-env, *queue-env]\n"
+    out += ("    environment:\n      <<: [*base-env, *run-env, *queue-env]\n" + redis_user("trainer", "      ") +
             f'      SOLRL_GRPC_PORT: "{PORTS["trainer"][0]}"\n      SOLRL_HTTP_PORT: "{PORTS["trainer"][1]}"\n'
             f"      SOLRL_EXPLORER_ADDRS: {','.join(f'{s}:8011' for s in explorers)}\n"
             f"      SOLRL_REGENERATOR_ADDRS: {','.join(f'{s}:8021' for s in regenerators)}\n"
@@ -157,16 +157,33 @@ def kustomize(p: Any, sets: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _required(name: str) -> str:
+    return f"${{{name}:?set {name} (openssl rand -hex 32)}}"
+
+
+def redis_user(role: str, indent: str, braces: int = 1) -> str:
+    """A queue role's Redis connection in compose: its own ACL user in the URL, its password (required) apart.
+    braces: how many times the text is formatted after this (each doubles the braces)."""
+    required = _required(f"SOLRL_REDIS_{role.upper()}_PASSWORD")
+    if braces > 1:
+        required = required.replace("{", "{" * braces).replace("}", "}" * braces)
+    return (f"{indent}SOLRL_REDIS_URL: redis://{role}@redis:6379/0\n"
+            f"{indent}SOLRL_REDIS_PASSWORD: {required}\n")
+
+
 COMPOSE_COMMON = """# Environment names and ports are exactly those `solrl serve <role>` reads.
-# Secrets: export SOLRL_ADAPTER_TOKEN (e.g. `openssl rand -hex 32`) or put it in a .env file beside
-# this one (never commit it). Weights: SOLRL_WEIGHTS_DIR and SOLRL_HF_CACHE on the host (offline).
+# Secrets (each e.g. `openssl rand -hex 32`; the file refuses to start without one): export SOLRL_ADAPTER_TOKEN,
+# SOLRL_QUEUE_KEY (the HMAC key of every queue message) and SOLRL_REDIS_{{TRAINER,EXPLORER,REGENERATOR}}_PASSWORD
+# (each role's Redis ACL user) or put them in a .env file beside this one (never commit it; docs/deploy.md).
+# Weights: SOLRL_WEIGHTS_DIR and SOLRL_HF_CACHE on the host (offline).
 # One set of run settings drives every role: SOLRL_PRESET and SOLRL_SET (KEY=VALUE overrides separated by
 # spaces, e.g. SOLRL_SET="model.path=/weights/sana prompts.train=/weights/prompts.txt"). The trainer trains
 # them, the rollout services serve them (model, path, precisions, reward, sampling defaults), and the
 # trainer checks at start that they agree. The LoRA layout travels with each pushed adapter.
 
 # Each role gets exactly the SOLRL_* names its `solrl serve` reads (tests/test_deploy.py checks it):
-# every role its bind address and ports; the queue roles Redis and the token; rollout roles the reward.
+# every role its bind address and ports; the queue roles Redis (their own ACL user), the queue key and the
+# token; rollout roles the reward.
 x-base-env: &base-env
   SOLRL_BIND_HOST: 0.0.0.0
   HF_HOME: /cache/hf
@@ -177,9 +194,9 @@ x-run-env: &run-env
   SOLRL_SET: ${{SOLRL_SET:-{run_set}}}
 
 x-queue-env: &queue-env
-  SOLRL_REDIS_URL: redis://redis:6379/0
   SOLRL_QUEUE_NAMESPACE: ${{SOLRL_QUEUE_NAMESPACE:-solrl:default}}
   SOLRL_ADAPTER_TOKEN: ${{SOLRL_ADAPTER_TOKEN:?set SOLRL_ADAPTER_TOKEN (openssl rand -hex 32)}}
+  SOLRL_QUEUE_KEY: ${{SOLRL_QUEUE_KEY:?set SOLRL_QUEUE_KEY (openssl rand -hex 32)}}
 
 x-volumes: &solrl-volumes
   - ${{SOLRL_WEIGHTS_DIR:-./weights}}:/weights:ro
@@ -194,7 +211,7 @@ x-{role}: &{role}
   image: solrl/{role}:gpu
   environment:
     <<: [*base-env, *run-env, *queue-env]
-    SOLRL_REWARD_ADDR: reward:8001
+""" + redis_user(role, "    ", 2) + f"""    SOLRL_REWARD_ADDR: reward:8001
     SOLRL_TRAINER_URL: http://trainer:8093
     SOLRL_GRPC_PORT: "{PORTS[role][0]}"
     SOLRL_HTTP_PORT: "{PORTS[role][1]}"
@@ -208,8 +225,16 @@ x-{role}: &{role}
 
 REDIS = """  redis:
     image: redis:7.2-bookworm
-    command: ["redis-server", "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
-    volumes: [redis-data:/data]
+    # one ACL user per role, each only on its streams: k8s/base/redis-acl.sh writes the ACL file from these
+    # passwords at start (hashes only, no password on a command line); `default` may only PING (the health check)
+    user: redis
+    command: ["sh", "/usr/local/bin/solrl-redis-acl.sh", "/tmp/users.acl",
+              "redis-server", "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+    environment:
+      SOLRL_QUEUE_NAMESPACE: ${SOLRL_QUEUE_NAMESPACE:-solrl:default}
+""" + "".join(f"      SOLRL_REDIS_{r.upper()}_PASSWORD: {_required(f'SOLRL_REDIS_{r.upper()}_PASSWORD')}\n"
+              for r in ("trainer", "explorer", "regenerator")) + """\
+    volumes: [redis-data:/data, ./k8s/base/redis-acl.sh:/usr/local/bin/solrl-redis-acl.sh:ro]
     healthcheck:
       test: ["CMD", "redis-cli", "ping"]
       interval: 10s

@@ -1,6 +1,4 @@
 import os
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -39,12 +37,3 @@ def reward_service():
     yield svc
     svc.stop(grace=0.5)
 
-
-@pytest.fixture()
-def k8s_tree(tmp_path):
-    """A copy of k8s/ with the GPU overlays' git-ignored token files present, as a user has them."""
-    tree = tmp_path / "k8s"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "k8s", tree)
-    for overlay in ("b200", "hopper"):
-        (tree / "overlays" / overlay / "adapter-token.txt").write_text("test-token\n")
-    return tree

@@ -30,7 +30,13 @@ import pytest
 import yaml
 
 from services.common.adapter_reload import ENV_ADAPTER_TOKEN
-from services.common.env import ENV_GRPC_PORT, ENV_HOST, ENV_HTTP_PORT
+from services.common.env import (
+    ENV_GRPC_PORT,
+    ENV_HOST,
+    ENV_HTTP_PORT,
+    ENV_QUEUE_KEY,
+    ENV_REDIS_PASSWORD,
+)
 from services.common.rollout_plane import ENV_REWARD_ADDR
 from services.common.rollout_shell import run_rollout_role
 from services.common.workers import (
@@ -81,8 +87,9 @@ def serve_reads(role: str) -> set[str]:
         run_src += inspect.getsource(run_rollout_role)
     if "return serve(" in run_src:   # the trainer: rank 0 (or the only process) serves; other ranks follow
         run_src += inspect.getsource(module.serve)
-    if "ENV_ADAPTER_TOKEN" in run_src:
-        names.add(ENV_ADAPTER_TOKEN)
+    for name in ("ENV_ADAPTER_TOKEN", "ENV_REDIS_PASSWORD", "ENV_QUEUE_KEY"):   # secrets: read at start, env only
+        if name in run_src:
+            names.add(globals()[name])
     return names
 
 
@@ -102,9 +109,10 @@ def test_serve_reads_are_derived_from_the_code():
     # guards the recorder: it must see what each role is known to need
     assert READS["reward"] == {ENV_HOST, ENV_GRPC_PORT, ENV_HTTP_PORT}
     for role in ("explorer", "regenerator"):
-        assert READS[role] >= {ENV_REDIS_URL, ENV_QUEUE_NAMESPACE, ENV_REWARD_ADDR, ENV_ADAPTER_TOKEN}
+        assert READS[role] >= {ENV_REDIS_URL, ENV_QUEUE_NAMESPACE, ENV_REWARD_ADDR, ENV_ADAPTER_TOKEN,
+                               ENV_REDIS_PASSWORD, ENV_QUEUE_KEY}
     assert READS["trainer"] >= {trainer_server.ENV_EXPLORER_ADDRS, trainer_server.ENV_REGENERATOR_ADDRS,
-                                ENV_ADAPTER_TOKEN, ENV_REDIS_URL}
+                                ENV_ADAPTER_TOKEN, ENV_REDIS_URL, ENV_REDIS_PASSWORD, ENV_QUEUE_KEY}
     assert "SOLRL_PICKSCORE_MODEL" in OPTIONAL["reward"]
 
 
@@ -127,25 +135,30 @@ def role_of(name: str) -> str:
 # ------------------------------------------------------------------ compose
 
 COMPOSE_FILES = ["docker-compose.yml", "docker-compose.colocated.yml", "docker-compose.cpu.yml"]
+QUEUE_ROLES = ("trainer", "explorer", "regenerator")
+# what a user exports for compose: every secret, each required (names as the compose files and docs give them)
+COMPOSE_SECRETS = {ENV_ADAPTER_TOKEN: "test-token", ENV_QUEUE_KEY: "test-queue-key-0123456789abcdef",
+                   **{f"SOLRL_REDIS_{r.upper()}_PASSWORD": f"test-{r}-redis-password" for r in QUEUE_ROLES}}
+REDIS_ACL_SCRIPT = ROOT / "k8s" / "base" / "redis-acl.sh"
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
 def test_compose_config_is_valid(name):
     exe = tool("docker-compose")
-    env = {**os.environ, ENV_ADAPTER_TOKEN: "test-token"}
+    env = {**os.environ, **COMPOSE_SECRETS}
     proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, proc.stderr
-    # without the token the file refuses to start rather than run unauthenticated
-    env.pop(ENV_ADAPTER_TOKEN)
-    proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          check=False)
-    assert proc.returncode != 0 and ENV_ADAPTER_TOKEN in proc.stderr
+    # without any one secret the file refuses to start rather than run unauthenticated or unsigned
+    for secret in COMPOSE_SECRETS:
+        proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, capture_output=True, text=True,
+                              check=False, env={k: v for k, v in env.items() if k != secret})
+        assert proc.returncode != 0 and f"set {secret}" in proc.stderr, secret
 
 
 def compose_services(name: str) -> dict:
     exe = tool("docker-compose")
-    env = {**os.environ, ENV_ADAPTER_TOKEN: "test-token"}
+    env = {**os.environ, **COMPOSE_SECRETS}
     out = subprocess.run([exe, "-f", name, "config"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     return yaml.safe_load(out.stdout)["services"]
 
@@ -159,13 +172,17 @@ def test_compose_ports_and_env_match_what_solrl_serve_reads(name):
         role = role_of(svc_name)
         if role == "redis":
             assert "--appendonly" in svc["command"] and "yes" in svc["command"]
+            check_compose_redis(svc)
             continue
         env = svc["environment"]
         check_env(f"{name}: {svc_name}", role, set(env))
         grpc_port, http_port = PORTS[role]
         assert (int(env[ENV_GRPC_PORT]), int(env[ENV_HTTP_PORT])) == (grpc_port, http_port), svc_name
         if ENV_REDIS_URL in env:
-            assert env[ENV_REDIS_URL].startswith("redis://redis:6379")
+            # the role's own ACL user in the URL, its password (and the queue key) from the user's environment
+            assert env[ENV_REDIS_URL] == f"redis://{role}@redis:6379/0"
+            assert env[ENV_REDIS_PASSWORD] == COMPOSE_SECRETS[f"SOLRL_REDIS_{role.upper()}_PASSWORD"]
+            assert env[ENV_QUEUE_KEY] == COMPOSE_SECRETS[ENV_QUEUE_KEY]
             assert env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
         if ENV_REWARD_ADDR in env:
             assert env[ENV_REWARD_ADDR] == f"reward:{PORTS['reward'][0]}"
@@ -184,6 +201,21 @@ def test_compose_ports_and_env_match_what_solrl_serve_reads(name):
         addrs = trainer_server.parse_addrs(trainer[key], key)
         expected = {f"{s}:{PORTS[role][0]}" for s in services if role_of(s) == role}
         assert set(addrs) == expected  # the trainer pushes adapters to every rollout service
+
+
+def check_compose_redis(svc: dict) -> None:
+    """Redis runs k8s/base/redis-acl.sh (mounted read-only) with every role's password from the environment: no
+    password on its command line, and the unauthenticated health check may still PING."""
+    command, env = svc["command"], svc["environment"]
+    assert command[:3] == ["sh", "/usr/local/bin/solrl-redis-acl.sh", "/tmp/users.acl"] and command[3] == "redis-server"
+    assert f"{REDIS_ACL_SCRIPT}:/usr/local/bin/solrl-redis-acl.sh:ro" in svc["volumes"]
+    assert svc["user"] == "redis"
+    for role in QUEUE_ROLES:
+        name = f"SOLRL_REDIS_{role.upper()}_PASSWORD"
+        assert env[name] == COMPOSE_SECRETS[name]
+        assert not [a for a in command if COMPOSE_SECRETS[name] in a]
+    assert env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
+    assert svc["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
 
 
 # ------------------------------------------------------------------ layouts from `solrl plan`
@@ -254,6 +286,25 @@ def test_gpu_compose_places_the_roles_as_the_plan_does(name, layout):
 OVERLAYS = ["cpu-demo", "b200", "hopper"]
 
 
+def write_overlay_secrets(tree: Path, token: str = "test-token") -> None:
+    """The GPU overlays' git-ignored secret files, as their headers tell a user to write them."""
+    for overlay in ("b200", "hopper"):
+        where = tree / "overlays" / overlay
+        (where / "adapter-token.txt").write_text(token + "\n")
+        (where / "queue-key.txt").write_text("test-queue-key-0123456789abcdef\n")
+        (where / "redis-passwords.env").write_text("".join(f"{r}=test-{r}-redis-password\n"
+                                                           for r in (*QUEUE_ROLES, "keda")))
+
+
+@pytest.fixture()
+def k8s_tree(tmp_path):
+    """A copy of k8s/ with the GPU overlays' git-ignored secret files present, as a user has them."""
+    tree = tmp_path / "k8s"
+    shutil.copytree(ROOT / "k8s", tree)
+    write_overlay_secrets(tree)
+    return tree
+
+
 def kustomize(tree: Path, overlay: str) -> list[dict]:
     out = subprocess.run([tool("kubectl"), "kustomize", str(tree / "overlays" / overlay)],
                          capture_output=True, text=True, check=False)
@@ -312,7 +363,11 @@ def test_k8s_ports_env_probes_and_security(k8s_tree, overlay):
         grpc_port, http_port = PORTS[role]
         assert (int(env[ENV_GRPC_PORT]), int(env[ENV_HTTP_PORT])) == (grpc_port, http_port)
         if ENV_REDIS_URL in env:
-            assert env[ENV_REDIS_URL].startswith("redis://redis:6379") and env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
+            assert env[ENV_REDIS_URL] == f"redis://{role}@redis:6379/0" and env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
+            refs = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in c["env"]}
+            # the role's own Redis password and the queue key: from the Secrets, never literals
+            assert refs[ENV_REDIS_PASSWORD]["name"].startswith("solrl-redis-") and refs[ENV_REDIS_PASSWORD]["key"] == role
+            assert refs[ENV_QUEUE_KEY]["name"].startswith("solrl-queue-key-") and refs[ENV_QUEUE_KEY]["key"] == "key"
         if ENV_REWARD_ADDR in env:
             assert env[ENV_REWARD_ADDR] == f"reward:{PORTS['reward'][0]}"
         assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": grpc_port, "http": http_port}
@@ -352,7 +407,17 @@ def test_k8s_ports_env_probes_and_security(k8s_tree, overlay):
     assert {p["port"] for p in pods["ports"]} == {int(env["PET_MASTER_PORT"])}
     assert by_kind[("Service", "trainer")]["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
     redis = by_kind[("StatefulSet", "redis")]
-    assert "--appendonly" in containers(redis)[0]["args"] and redis["spec"]["volumeClaimTemplates"]
+    (c,) = containers(redis)
+    assert "--appendonly" in c["args"] and redis["spec"]["volumeClaimTemplates"]
+    # the ACL is written at start by the same script compose runs, from the solrl-redis Secret (no password in args)
+    assert c["args"][:4] == ["sh", "/etc/solrl-redis/redis-acl.sh", "/run/redis/users.acl", "redis-server"]
+    script = {v["name"]: v for v in redis["spec"]["template"]["spec"]["volumes"]}["acl-script"]["configMap"]["name"]
+    assert by_kind[("ConfigMap", script)]["data"]["redis-acl.sh"] == REDIS_ACL_SCRIPT.read_text()
+    refs = {e["name"]: e["valueFrom"].get("secretKeyRef") or e["valueFrom"]["configMapKeyRef"] for e in c["env"]}
+    for role in (*QUEUE_ROLES, "keda"):
+        ref = refs[f"SOLRL_REDIS_{role.upper()}_PASSWORD"]
+        assert ref["name"].startswith("solrl-redis-") and ref["key"] == role
+        assert ref["key"] in by_kind[("Secret", ref["name"])]["data"]
     assert {n for k, n in by_kind if k == "PodDisruptionBudget"} >= {"explorer", "regenerator", "reward"}
 
 
@@ -414,11 +479,37 @@ def test_keda_scaledobject_targets_the_explore_stream():
                              "properties": {"type": {"const": "redis-streams"}, "metadata": {
                                  "type": "object", "required": ["stream", "consumerGroup", "pendingEntriesCount"],
                                  "additionalProperties": {"type": "string"}}}}}}}}}
-    doc = yaml.safe_load((ROOT / "k8s" / "components" / "keda" / "scaledobject.yaml").read_text())
+    docs = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "k8s" / "components" / "keda" / "scaledobject.yaml")
+                                                     .read_text())}
+    doc = docs["ScaledObject"]
     jsonschema.validate(doc, schema)
-    meta = doc["spec"]["triggers"][0]["metadata"]
+    (trigger,) = doc["spec"]["triggers"]
+    meta = trigger["metadata"]
     assert meta["stream"] == f"{DEFAULT_NAMESPACE}:{STREAM_EXPLORE}" and meta["consumerGroup"] == GROUP_EXPLORERS
     assert doc["spec"]["scaleTargetRef"]["name"] == "explorer"
+    # it reads Redis as the read-only keda ACL user, its password from the Secret (TriggerAuthentication, as KEDA
+    # documents it)
+    auth = docs["TriggerAuthentication"]
+    assert meta["username"] == "keda" and trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
+    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "solrl-redis", "key": "keda"}]
+    assert "user keda on" in REDIS_ACL_SCRIPT.read_text()
+
+
+def test_keda_component_in_an_overlay_names_the_generated_secret(k8s_tree):
+    (k8s_tree / "overlays" / "cpu-demo" / "kustomization.yaml").write_text(
+        (k8s_tree / "overlays" / "cpu-demo" / "kustomization.yaml").read_text()
+        .replace("components:\n", "components:\n  - ../../components/keda\n"))
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(k8s_tree, "cpu-demo")}
+    (ref,) = by_kind[("TriggerAuthentication", "solrl-redis-keda")]["spec"]["secretTargetRef"]
+    assert "keda" in by_kind[("Secret", ref["name"])]["data"]   # the hashed name kustomize gave it
+
+
+@pytest.mark.parametrize("missing", ["adapter-token.txt", "queue-key.txt", "redis-passwords.env"])
+def test_gpu_overlays_refuse_to_render_without_a_secret_file(k8s_tree, missing):
+    (k8s_tree / "overlays" / "b200" / missing).unlink()
+    out = subprocess.run([tool("kubectl"), "kustomize", str(k8s_tree / "overlays" / "b200")], capture_output=True,
+                         text=True, check=False)
+    assert out.returncode != 0 and missing in out.stderr
 
 
 def free_port() -> int:
@@ -686,9 +777,11 @@ class ComposeAsProcesses:
     user's environment), each service started as its container would be: the ENTRYPOINT of the image its
     `build` section makes of services/Dockerfile (`solrl serve <role>`, run verbatim with `solrl` on PATH),
     the service's `command`, the image's SOLRL_* ENV under the service's `environment` (the image's other
-    ENV names container paths: HF_HOME=/cache/hf). What a container network gives
-    is moved to this machine: every `service:port` to 127.0.0.1 and a free port, Redis to the local
-    server (a fresh namespace), the `runs` volume to a directory."""
+    ENV names container paths: HF_HOME=/cache/hf). The `redis` service too: its command (k8s/base/redis-acl.sh,
+    which the file mounts, writing the ACL file and starting redis-server) and environment (the roles'
+    passwords), with a port, directory and ACL file of this machine (a fresh namespace). What a container
+    network gives is moved to this machine: every `service:port` to 127.0.0.1 and a free port, the `runs`
+    volume to a directory."""
 
     def __init__(self, tmp: Path, user_env: dict[str, str], namespace: str) -> None:
         exe = tool("docker-compose")
@@ -700,7 +793,7 @@ class ComposeAsProcesses:
                                               self.services[name]["build"]["target"]) for name in COMPOSE_ORDER}
         self.tmp, self.runs = tmp, tmp / "runs"
         self.runs.mkdir(parents=True, exist_ok=True)
-        self.moved = {"redis:6379": "127.0.0.1:6379"}
+        self.moved = {"redis:6379": f"127.0.0.1:{free_port()}"}
         for name in COMPOSE_ORDER:
             env = self.services[name]["environment"]
             for key in (ENV_GRPC_PORT, ENV_HTTP_PORT):
@@ -711,6 +804,36 @@ class ComposeAsProcesses:
 
     def port(self, name: str, key: str) -> int:
         return int(self.moved[f"{name}:{self.services[name]['environment'][key]}"].rpartition(":")[2])
+
+    def start_redis(self) -> subprocess.Popen:
+        """The compose file's redis service as a local process (class doc), answering PING when this returns."""
+        import redis as redis_py
+
+        svc = self.services["redis"]
+        command = svc["command"]
+        mounts = dict(reversed(v.split(":")[:2]) for v in svc["volumes"] if v.count(":") == 2)
+        script = mounts[command[1]]   # the host file the container runs
+        port = int(self.moved["redis:6379"].rpartition(":")[2])
+        (self.tmp / "redis").mkdir(exist_ok=True)
+        argv = ["sh", script, str(self.tmp / "redis" / "users.acl"), *command[3:],
+                "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.tmp / "redis")]
+        env = {k: str(v) for k, v in svc["environment"].items()}
+        env[ENV_QUEUE_NAMESPACE] = self.namespace
+        log_path = self.tmp / "redis.log"
+        self.logs.append(log_path)
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(argv, cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT,
+                                    env={"PATH": os.environ["PATH"], **env})
+        self.procs["redis"] = proc
+        client, deadline = redis_py.Redis(port=port), time.monotonic() + 30
+        while True:   # the compose healthcheck: an unauthenticated PING
+            try:
+                client.ping()
+                return proc
+            except redis_py.ConnectionError:
+                assert proc.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.1)
 
     def env(self, name: str) -> dict[str, str]:
         env = {k: v for k, v in self.images[name].env.items() if k.startswith("SOLRL_")}
@@ -776,6 +899,13 @@ class ComposeAsProcesses:
                 proc.kill()
 
 
+def _redis_server_or_skip() -> None:
+    if shutil.which("redis-server") is None:
+        if REQUIRE:
+            pytest.fail("redis-server not found")
+        pytest.skip("redis-server not installed (Debian: redis-server)")
+
+
 def _redis_or_skip(url: str):
     import redis
 
@@ -791,16 +921,18 @@ def _redis_or_skip(url: str):
 def _run_stack(tmp: Path, run_id: str, restart_trainer: bool) -> tuple[Path, ComposeAsProcesses]:
     """reward, explorer, regenerator, trainer in compose's dependency order; the trainer runs to its end
     (with restart_trainer: killed once its first epoch is checkpointed and started again, unchanged)."""
-    stack = ComposeAsProcesses(tmp, {ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_SET": DEPLOY_SET, "SOLRL_RUN_ID": run_id},
-                               f"solrl-test-deploy-{run_id}-{os.getpid()}")
+    stack = ComposeAsProcesses(tmp, {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_SET": DEPLOY_SET,
+                                     "SOLRL_RUN_ID": run_id}, f"solrl-test-deploy-{run_id}-{os.getpid()}")
     run_dir = stack.runs / run_id
     try:
+        stack.start_redis()
         for name in COMPOSE_ORDER[:3]:
             stack.start(name)
             # the image's HEALTHCHECK passes against the service and fails against a port nobody serves
             assert stack.healthcheck(name, stack.port(name, ENV_HTTP_PORT)) == 0
             assert stack.healthcheck(name, free_port()) != 0
         trainer = stack.start("trainer", wait=False)
+        forge_rollouts(stack)
         if restart_trainer:
             deadline = time.monotonic() + 300
             while not (run_dir / "checkpoints" / "latest").exists():
@@ -813,18 +945,36 @@ def _run_stack(tmp: Path, run_id: str, restart_trainer: bool) -> tuple[Path, Com
         assert stack.wait("trainer", 600) == 0, stack.logs[-1].read_text()[-3000:]
     finally:
         stack.stop()
-        client = _redis_or_skip("redis://127.0.0.1:6379/0")
-        for key in client.scan_iter(f"{stack.namespace}:*"):
-            client.delete(key)
     return run_dir, stack
+
+
+def forge_rollouts(stack: ComposeAsProcesses) -> None:
+    """What a neighbour who learnt the regenerator's Redis password could do: XADD Rollouts that are not signed with
+    the run's queue key (one unsigned, one signed with another key). The trainer must drop both and finish as if they
+    were never there; the explorer's user may not write the stream at all (NOPERM)."""
+    import redis as redis_py
+
+    from solrl.queue import message_tag
+
+    port = int(stack.moved["redis:6379"].rpartition(":")[2])
+    regen = redis_py.Redis(port=port, username="regenerator", password=stack.env("regenerator")[ENV_REDIS_PASSWORD])
+    key = f"{stack.namespace}:rollouts"
+    regen.xadd(key, {"p": b"forged, unsigned", "k": "forged-1:0"})
+    tag = message_tag(b"not-the-run-key-0123456789", stack.namespace, "rollouts", "forged-2:0", b"forged")
+    regen.xadd(key, {"p": tag + b"forged", "k": "forged-2:0"})
+    explorer = redis_py.Redis(port=port, username="explorer", password=stack.env("explorer")[ENV_REDIS_PASSWORD])
+    with pytest.raises(redis_py.exceptions.NoPermissionError):
+        explorer.xadd(key, {"p": b"x"})
 
 
 @pytest.mark.slow
 def test_cpu_compose_as_shipped_finishes_a_run_and_a_restarted_trainer_ends_where_it_would_have(tmp_path):
     """Every service of docker-compose.cpu.yml with its own command and environment; one 2-epoch run
     uninterrupted, one whose trainer is killed after epoch 1 and restarted with the same arguments.
-    Both end with the same adapter bytes; the restarted run has each epoch's metrics once."""
-    _redis_or_skip("redis://127.0.0.1:6379/0")
+    Both end with the same adapter bytes; the restarted run has each epoch's metrics once. Redis is the file's own
+    (a password per role, ACL users); every message is signed with SOLRL_QUEUE_KEY, and two forged rollouts
+    are dropped and logged, never trained on. No secret appears in any log."""
+    _redis_server_or_skip()
     straight, _ = _run_stack(tmp_path / "a", "straight", restart_trainer=False)
     restarted, stack = _run_stack(tmp_path / "b", "restarted", restart_trainer=True)
     for run_dir in (straight, restarted):
@@ -838,8 +988,10 @@ def test_cpu_compose_as_shipped_finishes_a_run_and_a_restarted_trainer_ends_wher
     assert epochs == [0, 1, 2]
     trainer_logs = [p.read_text() for p in stack.logs if p.name.startswith("trainer")]
     assert "resum" in trainer_logs[1].lower() and "after epoch 1" in trainer_logs[1]
+    assert "dropped message" in trainer_logs[0] and "forged-1:0" in trainer_logs[0], trainer_logs[0][-3000:]
     for log in stack.logs:
-        assert TOKEN not in log.read_text(), log.name   # the adapter token is never printed
+        for secret in (TOKEN, *COMPOSE_SECRETS.values()):
+            assert secret not in log.read_text(), log.name   # no secret is ever printed
 
 
 def _role_settings(role: str, args: list[str], env: dict[str, str], files: dict[str, Path]):
@@ -873,7 +1025,7 @@ def test_compose_gives_every_role_one_run(name):
     """The trainer's start-up check, applied to the file itself: the settings each rollout service
     resolves from its command and environment are those the trainer trains (with and without SOLRL_SET)."""
     for user_set in (None, "reward=jpeg_compressibility rollout.steps=4"):
-        env = {**os.environ, ENV_ADAPTER_TOKEN: "test-token"}
+        env = {**os.environ, **COMPOSE_SECRETS}
         if user_set is not None:
             env["SOLRL_SET"] = user_set
         out = subprocess.run([tool("docker-compose"), "-f", name, "config"], cwd=ROOT, env=env, capture_output=True,
@@ -908,12 +1060,11 @@ def trainer_entry(source: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
     """The trainer container of `source` (a compose file, or an overlay's Job) as it starts: its argv (compose:
     entrypoint + command; k8s: command + args) and environment (compose: the image's SOLRL_* ENV under the
     service's; k8s: the container's env, its completion index as pod 0 has it), for the DEPLOY_SET run."""
-    user = {ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_SET": DEPLOY_SET, "SOLRL_RUN_ID": "entry"}
+    user = {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_SET": DEPLOY_SET, "SOLRL_RUN_ID": "entry"}
     if source.startswith("k8s/"):
         tree = tmp / "k8s"
         shutil.copytree(ROOT / "k8s", tree)
-        for overlay in ("b200", "hopper"):
-            (tree / "overlays" / overlay / "adapter-token.txt").write_text(TOKEN + "\n")
+        write_overlay_secrets(tree, TOKEN)
         by_kind = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(tree, Path(source).name)}
         (c,) = containers(by_kind[("Job", "trainer")])
         env = container_env(c, by_kind)
@@ -945,8 +1096,12 @@ def test_trainer_entry_runs_under_torchrun(source, tmp_path):
     assert argv[0] == "torchrun" and argv[argv.index("--no-python") + 1:][:3] == ["solrl", "serve", "trainer"]
     grpc_port, http_port = free_port(), free_port()
     namespace = f"solrl-test-entry-{os.getpid()}-{free_port()}"
-    assert env[ENV_REDIS_URL].startswith("redis://redis:6379")
-    env.update({ENV_REDIS_URL: env[ENV_REDIS_URL].replace("redis:6379", "127.0.0.1:6379"),
+    assert env[ENV_REDIS_URL] == "redis://trainer@redis:6379/0" and env[ENV_REDIS_PASSWORD] and env[ENV_QUEUE_KEY]
+    # this test is about the torchrun entry: the local Redis has no ACL users and the in-process workers do not sign
+    # (tests/test_queue_security.py and the CPU compose test run the secured queue)
+    env.pop(ENV_REDIS_PASSWORD)
+    env.pop(ENV_QUEUE_KEY)
+    env.update({ENV_REDIS_URL: "redis://127.0.0.1:6379/0",
                 ENV_QUEUE_NAMESPACE: namespace, ENV_HOST: "127.0.0.1", ENV_GRPC_PORT: str(grpc_port),
                 ENV_HTTP_PORT: str(http_port), trainer_server.ENV_EXPLORER_ADDRS: "",
                 trainer_server.ENV_REGENERATOR_ADDRS: "", "PET_NPROC_PER_NODE": str(min(ranks, 2))})

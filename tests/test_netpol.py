@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import pytest
-from test_deploy import OVERLAYS, container_env, containers, kustomize
+from test_deploy import OVERLAYS, ROOT, container_env, containers, kustomize, write_overlay_secrets
 
 from services.common.env import ENV_TRAINER_URL
 from services.common.rollout_plane import ENV_REWARD_ADDR
@@ -186,9 +186,18 @@ KEDA = Pod("keda-operator-0", "keda", {"app": "keda-operator"})
 # ---------------------------------------------------------------------- tests
 
 
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """A copy of k8s/ with the GPU overlays' git-ignored secret files, as a user has them."""
+    tree = tmp_path_factory.mktemp("netpol") / "k8s"
+    shutil.copytree(ROOT / "k8s", tree)
+    write_overlay_secrets(tree)
+    return tree
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_network_policies_let_through_exactly_what_the_run_needs(k8s_tree, overlay):
-    run = run_of(kustomize(k8s_tree, overlay))
+def test_network_policies_let_through_exactly_what_the_run_needs(tree, overlay):
+    run = run_of(kustomize(tree, overlay))
     assert run.policies, "no NetworkPolicy rendered"
     need = needed_flows(run)
     by_name = {p.name: p for p in run.pods}
@@ -217,10 +226,10 @@ def test_network_policies_let_through_exactly_what_the_run_needs(k8s_tree, overl
             assert allowed(run.policies, PROMETHEUS, src, port, protocol) == (port == metrics), (src.name, port)
 
 
-def test_a_policy_left_out_cuts_a_flow_the_run_needs(k8s_tree):
+def test_a_policy_left_out_cuts_a_flow_the_run_needs(tree):
     """The check above can fail: without the Redis policy no role reaches the queue; without the default
     deny, a stranger reaches Redis."""
-    run = run_of(kustomize(k8s_tree, "cpu-demo"))
+    run = run_of(kustomize(tree, "cpu-demo"))
     by_name = {p.name: p for p in run.pods}
     trainer, redis = by_name["trainer-0"], by_name["redis-0"]
     assert allowed(run.policies, trainer, redis, 6379)
@@ -231,13 +240,13 @@ def test_a_policy_left_out_cuts_a_flow_the_run_needs(k8s_tree):
                    STRANGER, redis, 6379)
 
 
-def test_keda_component_lets_the_operator_reach_redis_only(k8s_tree):
-    overlay = k8s_tree / "overlays" / "cpu-demo-keda"
-    shutil.copytree(k8s_tree / "overlays" / "cpu-demo", overlay)
+def test_keda_component_lets_the_operator_reach_redis_only(tree):
+    overlay = tree / "overlays" / "cpu-demo-keda"
+    shutil.copytree(tree / "overlays" / "cpu-demo", overlay)
     text = (overlay / "kustomization.yaml").read_text()
     (overlay / "kustomization.yaml").write_text(text.replace("  - ../../components/grafana",
                                                              "  - ../../components/grafana\n  - ../../components/keda"))
-    with_keda, without = (run_of(kustomize(k8s_tree, o)) for o in ("cpu-demo-keda", "cpu-demo"))
+    with_keda, without = (run_of(kustomize(tree, o)) for o in ("cpu-demo-keda", "cpu-demo"))
     redis = next(p for p in with_keda.pods if p.name == "redis-0")
     assert allowed(with_keda.policies, KEDA, redis, 6379) and not allowed(without.policies, KEDA, redis, 6379)
     for pod in with_keda.pods:

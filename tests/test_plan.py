@@ -242,6 +242,8 @@ def test_emit_compose_and_kustomize(tmp_path):
     tree = tmp_path / "k8s"
     shutil.copytree(ROOT / "k8s", tree)
     (tree / "overlays" / "b200" / "adapter-token.txt").write_text("test\n")
+    (tree / "overlays" / "b200" / "queue-key.txt").write_text("test-queue-key\n")
+    (tree / "overlays" / "b200" / "redis-passwords.env").write_text("trainer=a\nexplorer=b\nregenerator=c\nkeda=d\n")
     (tree / "overlays" / "b200" / "plan" / "kustomization.yaml").write_text(frag)
     out = subprocess.run([kubectl, "kustomize", str(tree / "overlays" / "b200")], capture_output=True, text=True,
                          check=True).stdout

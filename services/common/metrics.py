@@ -44,6 +44,13 @@ class ServiceMetrics:
                                      ["service", "model"], buckets=_BATCH_BUCKETS, registry=self.registry)
         self.batch_seconds = Histogram("solrl_batch_seconds", "Time of one batched call",
                                        ["service", "model"], registry=self.registry)
+        self.queue_rejected = Counter("solrl_queue_rejected_messages", "Work-queue messages dropped unread because "
+                                      "their HMAC did not verify (reason: unsigned, bad_signature)",
+                                      ["service", "stream", "reason"], registry=self.registry)
+
+    def observe_rejected(self, stream: str, reason: str) -> None:
+        """A queue message dropped because it is not signed with the run's key (solrl.queue.SignedQueue)."""
+        self.queue_rejected.labels(self.service, stream, reason).inc()
 
     def observe_rpc(self, method: str, code: str, seconds: float) -> None:
         self.requests.labels(self.service, method, code).inc()

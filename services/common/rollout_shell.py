@@ -20,7 +20,7 @@ from services.common.adapter_reload import (
     HotSwapModel,
 )
 from services.common.args import add_model_arguments  # noqa: F401 (re-exported: the options live there, light)
-from services.common.env import split_overrides
+from services.common.env import ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, split_overrides
 from services.common.grpc_server import GrpcServer
 from services.common.lifecycle import RunningService, serve_until_stopped
 from services.common.metrics import ServiceMetrics
@@ -186,7 +186,8 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
     model, lora = load_served_model(args)
     plane = build_plane(model, lora, build_scorer(args.reward, args.reward_addr or None))
     plane.model_name, plane.base_precision, plane.model_path = args.model, args.base_precision, args.model_path or ""
-    svc = start(plane, ServiceMetrics(role), host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
+    metrics = ServiceMetrics(role)
+    svc = start(plane, metrics, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                 max_workers=args.max_workers, adapter_token=environ.get(ENV_ADAPTER_TOKEN) or None,
                 max_adapter_bytes=args.max_adapter_bytes)
     token = environ.get(ENV_ADAPTER_TOKEN) or None
@@ -194,7 +195,10 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
         # before any job is taken: a pod that starts or restarts mid-run serves the run's current adapter
         plane.hot.fetcher = AdapterFetcher(args.trainer_url, token, plane.hot)
         plane.hot.fetcher.fetch()
-    consumer = start_consumer(role, plane, args.redis_url, args.queue_namespace, args.claim_idle_ms) \
+    consumer = start_consumer(role, plane, args.redis_url, args.queue_namespace, args.claim_idle_ms,
+                              password=environ.get(ENV_REDIS_PASSWORD) or None,
+                              signing_key=environ.get(ENV_QUEUE_KEY) or None,
+                              on_reject=lambda d, reason: metrics.observe_rejected(d.stream, reason)) \
         if getattr(args, "redis_url", "") else None
     if not svc.adapters.enabled:
         log.warning("%s is not set: adapter hot reload is refused (403)", ENV_ADAPTER_TOKEN)

@@ -21,7 +21,12 @@ from services.common.args import (  # noqa: F401 (re-exported: the options and n
     DEFAULT_NAMESPACE,
     add_consumer_arguments,
 )
-from services.common.env import ENV_QUEUE_NAMESPACE, ENV_REDIS_URL  # noqa: F401 (re-exported)
+from services.common.env import (  # noqa: F401 (re-exported)
+    ENV_QUEUE_KEY,
+    ENV_QUEUE_NAMESPACE,
+    ENV_REDIS_PASSWORD,
+    ENV_REDIS_URL,
+)
 from services.common.rollout_plane import resolve_sampler, sde_rollout_fields
 from services.common.tensors import torch_to_tensor
 from services.explorer.dataplane import JOB_FIELDS, ExplorerDataPlane
@@ -182,16 +187,21 @@ def regenerator_worker(queue: Queue, plane: RegeneratorDataPlane, **kwargs) -> S
 
 
 def start_consumer(role: str, plane: ExplorerDataPlane | RegeneratorDataPlane, redis_url: str,
-                   namespace: str = DEFAULT_NAMESPACE, claim_idle_ms: int = QueueConfig.claim_idle_ms) -> StreamWorker:
+                   namespace: str = DEFAULT_NAMESPACE, claim_idle_ms: int = QueueConfig.claim_idle_ms, *,
+                   password: str | None = None, signing_key: str | None = None,
+                   on_reject: Callable[[Delivery, str], None] | None = None) -> StreamWorker:
     """For a service shell: connect to the queue and start `role`'s ("explorer" | "regenerator") consumer;
-    its stop() also closes the connection."""
+    its stop() also closes the connection. password: the Redis password (env SOLRL_REDIS_PASSWORD);
+    signing_key: the run's queue key (env SOLRL_QUEUE_KEY): jobs must verify, results are signed."""
     factories = {"explorer": explorer_worker, "regenerator": regenerator_worker}
     if role not in factories:
         raise ValueError(f"role must be one of {sorted(factories)}, got {role!r}")
     if not isinstance(redis_url, str) or not redis_url:
         raise ValueError(f"redis_url must be a redis:// URL, got {redact_url(redis_url)!r}")
-    queue = build_queue(redis_url, QueueConfig(namespace=namespace, claim_idle_ms=claim_idle_ms))
+    queue = build_queue(redis_url, QueueConfig(namespace=namespace, claim_idle_ms=claim_idle_ms), password=password,
+                        signing_key=signing_key, on_reject=on_reject)
     worker = factories[role](queue, plane)
     worker.owns_queue = True
-    log.info("%s: consuming %s (namespace %s)", role, worker.stream, namespace)
+    log.info("%s: consuming %s at %s (namespace %s, messages %s)", role, worker.stream, redact_url(redis_url),
+             namespace, "signed" if signing_key else f"unsigned: {ENV_QUEUE_KEY} is not set")
     return worker.start()

@@ -8,8 +8,11 @@ Run: `python -m services.trainer.server [--preset shapes-sol-rl] [--set key=valu
 (or `--resume runs/x` to continue a run from its last checkpoint)
 The environment gives the defaults: SOLRL_REDIS_URL (the queue), SOLRL_QUEUE_NAMESPACE,
 SOLRL_EXPLORER_ADDRS and SOLRL_REGENERATOR_ADDRS (comma-separated gRPC host:port that adapters are
-pushed to with LoadAdapter), SOLRL_BIND_HOST / SOLRL_GRPC_PORT / SOLRL_HTTP_PORT; the adapter token
-comes only from SOLRL_ADAPTER_TOKEN. The process exits when the run is done (0) or failed (1).
+pushed to with LoadAdapter), SOLRL_BIND_HOST / SOLRL_GRPC_PORT / SOLRL_HTTP_PORT; the secrets only from the
+environment: the adapter token from SOLRL_ADAPTER_TOKEN, the Redis password of the URL's user from
+SOLRL_REDIS_PASSWORD, the run's queue key from SOLRL_QUEUE_KEY (set: every queue message is HMAC-signed, and a
+rollout that does not verify is dropped, counted in solrl_queue_rejected_messages and never trained on). The
+process exits when the run is done (0) or failed (1).
 
 Data-parallel: `torchrun --nproc-per-node K --no-python solrl serve trainer ...` (gloo on CPU, nccl on GPU, each rank
 on cuda:LOCAL_RANK). Rank 0 is the service: it consumes the rollouts, serves gRPC and the ops app, pushes adapters
@@ -46,7 +49,7 @@ from services.common.adapter_reload import (
     VERSION_HEADER,
     bearer_token,
 )
-from services.common.env import split_overrides
+from services.common.env import ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, split_overrides
 from services.common.grpc_server import (
     MAX_GRPC_MESSAGE_SIZE,
     GrpcService,
@@ -390,8 +393,14 @@ def serve(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, resume: bool,
     token = environ.get(ENV_ADAPTER_TOKEN) or None
     pusher = AdapterPusher(parse_addrs(args.explorer_addrs, "--explorer-addrs"),
                            parse_addrs(args.regenerator_addrs, "--regenerator-addrs"), token)
-    queue = build_queue(args.redis_url, QueueConfig(namespace=args.namespace))
     metrics = ServiceMetrics("trainer")
+    signing_key = environ.get(ENV_QUEUE_KEY) or None
+    if signing_key is None:
+        log.warning("%s is not set: queue messages are neither signed nor verified (anyone who can write the "
+                    "rollouts stream can have the trainer train on a forged rollout)", ENV_QUEUE_KEY)
+    queue = build_queue(args.redis_url, QueueConfig(namespace=args.namespace),
+                        password=environ.get(ENV_REDIS_PASSWORD) or None, signing_key=signing_key,
+                        on_reject=lambda d, reason: metrics.observe_rejected(d.stream, reason))
     training = TrainingMetrics(metrics, run_id, cfg.epochs)
     training.watch_queue([stream for stream, _ in PIPELINE], queue.length)
     servicer = TrainerServicer(run_id)

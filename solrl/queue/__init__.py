@@ -11,6 +11,7 @@ from solrl.queue.base import (
     Deduplicator,
     Delivery,
     Queue,
+    QueueAuthError,
     QueueConfig,
     QueueFull,
     QueueUnavailable,
@@ -18,18 +19,33 @@ from solrl.queue.base import (
 )
 from solrl.queue.memory import InMemoryQueue
 from solrl.queue.redis_streams import RedisStreamQueue
+from solrl.queue.signing import RejectHook, SignedQueue, check_signing_key, message_tag
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
-def build_queue(url: str | None, cfg: QueueConfig = QueueConfig()) -> Queue:
-    """None or "memory://" -> InMemoryQueue; "redis://", "rediss://" or "unix://" -> RedisStreamQueue."""
+def build_queue(url: str | None, cfg: QueueConfig = QueueConfig(), *, password: str | None = None,
+                signing_key: bytes | str | None = None, on_reject: RejectHook | None = None) -> Queue:
+    """None or "memory://" -> InMemoryQueue; "redis://", "rediss://" or "unix://" -> RedisStreamQueue.
+
+    password: the Redis password (AUTH), for a URL without one; the user is the URL's
+    (redis://trainer@redis:6379/0), else Redis' `default`. The services take it from env SOLRL_REDIS_PASSWORD
+    so that the URL they log and pass around holds no secret.
+    signing_key: wrap the queue in a `SignedQueue` (HMAC-SHA256 on every message, verified on consume;
+    `on_reject(delivery, reason)` hears of each message dropped); None: messages as they are.
+    """
     if url is None or url == "memory://":
-        return InMemoryQueue(cfg)
-    if isinstance(url, str) and url.startswith(_REDIS_SCHEMES):
-        return RedisStreamQueue(url, cfg)
-    raise ValueError(f"url must be None, 'memory://' or a redis URL ({', '.join(_REDIS_SCHEMES)}...), "
-                     f"got {redact_url(url)!r}")
+        if password:
+            raise ValueError("password is for a redis URL; the in-memory queue has none")
+        queue: Queue = InMemoryQueue(cfg)
+    elif isinstance(url, str) and url.startswith(_REDIS_SCHEMES):
+        queue = RedisStreamQueue(url, cfg, password=password)
+    else:
+        raise ValueError(f"url must be None, 'memory://' or a redis URL ({', '.join(_REDIS_SCHEMES)}...), "
+                         f"got {redact_url(url)!r}")
+    if signing_key is None:
+        return queue
+    return SignedQueue(queue, signing_key, cfg.namespace, on_reject)
 
 
 __all__ = [
@@ -38,10 +54,14 @@ __all__ = [
     "Delivery",
     "InMemoryQueue",
     "Queue",
+    "QueueAuthError",
     "QueueConfig",
     "QueueFull",
     "QueueUnavailable",
     "RedisStreamQueue",
+    "SignedQueue",
     "build_queue",
+    "check_signing_key",
+    "message_tag",
     "redact_url",
 ]

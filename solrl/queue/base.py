@@ -34,6 +34,11 @@ class QueueFull(RuntimeError):
     """`publish` found the stream at `maxlen` un-acked entries for the whole of its timeout."""
 
 
+class QueueAuthError(PermissionError):
+    """The queue's server refused the credentials (wrong user or password), or the user may not run a
+    command on a key (an ACL user of another role). Never retried; the message names the URL redacted."""
+
+
 class QueueUnavailable(ConnectionError):
     """The queue's server could not be reached within the configured reconnect budget."""
 

@@ -15,17 +15,19 @@ retried publish whose reply was lost may add the message twice (at-least-once; k
 from __future__ import annotations
 
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
-from redis.exceptions import AuthenticationError, AuthorizationError, ResponseError
+from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissionError, ResponseError
 from redis.retry import Retry
 
 from solrl.queue.base import (
     DeadLetter,
     Delivery,
+    QueueAuthError,
     QueueConfig,
     QueueFull,
     QueueUnavailable,
@@ -130,18 +132,24 @@ def _text(value: bytes | str) -> str:
 class RedisStreamQueue:
     """`Queue` on a Redis server (`url` as redis-py takes it, e.g. "redis://host:6379/0")."""
 
-    def __init__(self, url: str, cfg: QueueConfig = QueueConfig()) -> None:
+    def __init__(self, url: str, cfg: QueueConfig = QueueConfig(), password: str | None = None) -> None:
         if not isinstance(url, str) or not url:
             raise ValueError(f"url must be a non-empty redis URL str, got {redact_url(url)!r}")
         if not isinstance(cfg, QueueConfig):
             raise TypeError(f"cfg must be a QueueConfig, got {type(cfg).__name__}")
+        parts = urllib.parse.urlsplit(url)
+        if password is not None and not isinstance(password, str):
+            raise TypeError(f"password must be a str, got {type(password).__name__}")
+        if password and parts.password is not None:
+            raise ValueError(f"the URL {redact_url(url)!r} holds a password and one was given apart: give one")
         self.cfg = cfg
         self._url = url
+        self._user = urllib.parse.unquote(parts.username) if parts.username else "default"
         # The client itself never retries: `_call` does, under one time budget. The client name
         # shows which run a connection serves in CLIENT LIST.
         self._redis = redis.Redis.from_url(
             url, decode_responses=False, retry=Retry(NoBackoff(), 0), socket_keepalive=True,
-            client_name=f"solrl-queue:{cfg.namespace}",
+            client_name=f"solrl-queue:{cfg.namespace}", **({"password": password} if password else {}),
         )
         self._backoff = ExponentialBackoff(cap=cfg.retry_backoff_cap_s, base=cfg.retry_backoff_s / 2)
         self._retry = Retry(self._backoff, retries=-1)  # until `_call`'s deadline
@@ -168,7 +176,7 @@ class RedisStreamQueue:
         args: list[bytes | str | int] = [self.cfg.maxlen, payload] + ([key] if key is not None else [])
         deadline, poll_s = time.monotonic() + timeout_s, _POLL_S[0]
         while True:
-            new_id = self._call(lambda: self._publish(keys=[self._key(stream)], args=args))
+            new_id = self._call(lambda: self._publish(keys=[self._key(stream)], args=args), stream)
             if new_id is not None:
                 return new_id.decode()
             remaining = deadline - time.monotonic()
@@ -231,7 +239,7 @@ class RedisStreamQueue:
 
     def length(self, stream: str) -> int:
         check_name(stream, "stream")
-        return int(self._call(lambda: self._redis.xlen(self._key(stream))))
+        return int(self._call(lambda: self._redis.xlen(self._key(stream)), stream))
 
     def dead_letters(self, stream: str) -> list[DeadLetter]:
         check_name(stream, "stream")
@@ -292,6 +300,16 @@ class RedisStreamQueue:
                 fn, give_up_after, with_failure_count=True,
                 is_retryable=lambda e: not isinstance(e, (AuthenticationError, AuthorizationError)),
             )
+        except (AuthenticationError, AuthorizationError) as e:
+            raise QueueAuthError(
+                f"Redis at {redact_url(self._url)} refused user {self._user!r}: {e} (the user is the URL's; "
+                f"its password comes from the URL or SOLRL_REDIS_PASSWORD)") from None
+        except NoPermissionError as e:
+            where = f"stream {stream!r} of namespace" if stream else "namespace"
+            hint = " (no user in the URL: Redis' default user)" if self._user == "default" else ""
+            raise QueueAuthError(
+                f"Redis at {redact_url(self._url)}: user {self._user!r}{hint} may not do this on {where} "
+                f"{self.cfg.namespace!r}: {e}") from None
         except ResponseError as e:
             if stream is not None and group is not None and "NOGROUP" in str(e):
                 raise no_group(stream, group) from e
