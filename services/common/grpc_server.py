@@ -164,6 +164,10 @@ def build_grpc_server(services: Sequence[GrpcService], *, host: str = "127.0.0.1
         interceptors=[ErrorInterceptor(metrics), *([TokenInterceptor(token)] if token else [])],
         options=[("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
                  ("grpc.max_receive_message_length", max_receive_bytes),
+                 # identity only: gRPC core decompresses a gzip / deflate message whole before it compares
+                 # its size with the limit above (grpcio 1.81: a 0.5 MB message that inflates to 512 MiB
+                 # took the server's peak memory up by 544 MB), so compressed requests are refused unread
+                 ("grpc.compression_enabled_algorithms_bitset", 1),
                  # one server per port (Triton's default too): a second bind fails instead of sharing
                  ("grpc.so_reuseport", 0)])
     for s in services:
