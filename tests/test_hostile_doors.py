@@ -388,3 +388,66 @@ def test_the_token_never_appears_in_the_logs(svc):
         assert TOKEN not in text and TOKEN[:10] not in text
     cmdline = " ".join(svc.proc.args)
     assert TOKEN not in cmdline
+
+
+def test_the_data_token_on_the_explorer_and_regenerator_doors():
+    """In process: Explore, Regenerate, Info and the explorer's KServe doors need the token; LoadAdapter keeps
+    its own (the adapter token), and the trainer's pusher reaches both with the two tokens it is given."""
+    from services.common.metrics import ServiceMetrics
+    from services.explorer.server import start as start_explorer
+    from services.regenerator.dataplane import RegeneratorDataPlane
+    from services.regenerator.server import start as start_regenerator
+    from services.trainer.server import AdapterPusher, check_workers
+    from solrl.adapters import sha256_hex
+    from solrl.config import get_preset
+    from solrl.models.shapes import ShapesModel
+    from solrl.pb.solrl.common.v1 import common_pb2
+    from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
+    from solrl.pb.solrl.regenerator.v1 import regenerator_pb2, regenerator_pb2_grpc
+    from solrl.precision import PrecisionConfig
+    from solrl.rewards import build_reward
+    from tests.test_adapter_distribution import adapter, plane
+
+    model = ShapesModel.random(seed=0, layers=1, heads=2)
+    regen = RegeneratorDataPlane(model, PrecisionConfig("bf16"), None, build_reward("shapes"), steps=2)
+    regen.model_name, regen.base_precision = "shapes", "bf16"
+    adapter_token = "adapter-tok-0c9e"
+    explorer = start_explorer(plane(model), ServiceMetrics("explorer"), adapter_token=adapter_token, data_token=TOKEN)
+    regenerator = start_regenerator(regen, ServiceMetrics("regenerator"), adapter_token=adapter_token,
+                                    data_token=TOKEN)
+    try:
+        with grpc.insecure_channel(explorer.grpc.address) as ech, grpc.insecure_channel(regenerator.grpc.address) as rch:
+            explore = explorer_pb2_grpc.ExplorerStub(ech).Explore
+            request = explorer_pb2.ExploreRequest(job=common_pb2.ExploreJob(prompt="a red circle", seeds=[1, 2, 3],
+                                                                          steps=2, kept=2))
+            regenerate = regenerator_pb2_grpc.RegeneratorStub(rch).Regenerate
+            selection = regenerator_pb2.RegenerateRequest(selection=common_pb2.SeedSelection(
+                prompt="a red circle", seeds=[1, 2], sampler=common_pb2.SamplerSpec(steps=2)))
+            for rpc, req in ((explore, request), (regenerate, selection)):
+                with pytest.raises(grpc.RpcError) as info:
+                    rpc(req, timeout=30)
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                assert rpc(req, metadata=AUTH_MD, timeout=60).ByteSize() > 0
+            for ch in (ech, rch):
+                check = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+                assert check.status == health_pb2.HealthCheckResponse.SERVING
+        http = f"http://127.0.0.1:{explorer.http.port}"
+        assert httpx.get(f"{http}/v2/models/explore").status_code == 401
+        assert httpx.get(f"{http}/v2/models/explore", headers=AUTH).status_code == 200
+        assert httpx.get(f"{http}/v2/health/ready").json() == {"ready": True}
+        # the trainer: Info with the data token, LoadAdapter with the adapter token
+        data = adapter(model, 1)
+        cfg = get_preset("shapes-sol-rl")
+        addrs = ([explorer.grpc.address], [regenerator.grpc.address])
+        without = AdapterPusher(*addrs, adapter_token, retry_s=0.5)
+        with pytest.raises(RuntimeError, match="UNAUTHENTICATED"):
+            check_workers(without, cfg, timeout_s=10)
+        pusher = AdapterPusher(*addrs, adapter_token, data_token=TOKEN)
+        assert {w["role"] for w in check_workers(pusher, cfg, timeout_s=10)} == {"explorer", "regenerator"}
+        pusher(data, 1, sha256_hex(data))
+        assert [w["adapter_version"] for w in check_workers(pusher, cfg, timeout_s=10, version=1)] == [1, 1]
+        without.close()
+        pusher.close()
+    finally:
+        explorer.stop(0)
+        regenerator.stop(0)
