@@ -31,6 +31,7 @@ import yaml
 
 from services.common.adapter_reload import ENV_ADAPTER_TOKEN
 from services.common.env import (
+    ENV_DATA_TOKEN,
     ENV_GRPC_PORT,
     ENV_HOST,
     ENV_HTTP_PORT,
@@ -82,21 +83,32 @@ def serve_reads(role: str) -> set[str]:
     env = RecordingEnv()
     module.add_arguments(argparse.ArgumentParser(), env)
     names = {n for n in env.seen if n.startswith("SOLRL_")}
-    run_src = inspect.getsource(module.run)
-    if "run_rollout_role(" in run_src:
-        run_src += inspect.getsource(run_rollout_role)
-    if "return serve(" in run_src:   # the trainer: rank 0 (or the only process) serves; other ranks follow
-        run_src += inspect.getsource(module.serve)
+    run_src = run_source(role)
     for name in ("ENV_ADAPTER_TOKEN", "ENV_REDIS_PASSWORD", "ENV_QUEUE_KEY"):   # secrets: read at start, env only
         if name in run_src:
             names.add(globals()[name])
     return names
 
 
+def run_source(role: str) -> str:
+    """The source of what `solrl serve <role>` runs at start-up."""
+    module = ROLES[role]
+    run_src = inspect.getsource(module.run)
+    if "run_rollout_role(" in run_src:
+        run_src += inspect.getsource(run_rollout_role)
+    if "return serve(" in run_src:   # the trainer: rank 0 (or the only process) serves; other ranks follow
+        run_src += inspect.getsource(module.serve)
+    return run_src
+
+
 READS = {role: serve_reads(role) for role in ROLES}
 # optional: the reward service's per-scorer weight overrides (unset = the default source in the HF cache)
 OPTIONAL = {role: set() for role in ROLES}
 OPTIONAL["reward"] = set(re.findall(r"SOLRL_[A-Z0-9_]+", " ".join(reward_info(n).weights for n in available_rewards())))
+# optional for every role whose start-up reads it: the data planes' bearer token (unset: open doors, local use)
+for _role in ROLES:
+    if "read_data_token(" in run_source(_role):
+        OPTIONAL[_role].add(ENV_DATA_TOKEN)
 
 
 def check_env(where: str, role: str, declared: set[str]) -> None:
@@ -114,6 +126,7 @@ def test_serve_reads_are_derived_from_the_code():
     assert READS["trainer"] >= {trainer_server.ENV_EXPLORER_ADDRS, trainer_server.ENV_REGENERATOR_ADDRS,
                                 ENV_ADAPTER_TOKEN, ENV_REDIS_URL, ENV_REDIS_PASSWORD, ENV_QUEUE_KEY}
     assert "SOLRL_PICKSCORE_MODEL" in OPTIONAL["reward"]
+    assert all(ENV_DATA_TOKEN in OPTIONAL[role] for role in ROLES)
 
 
 REQUIRE = os.environ.get("SOLRL_REQUIRE_DEPLOY_TOOLS") == "1"

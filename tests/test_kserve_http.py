@@ -91,7 +91,10 @@ def test_curl_and_json_errors_name_the_field(url) -> None:
         body, _, code = r.stdout.rpartition("\n")
         return int(code), body
 
-    assert run(f"http://{url}/v2/health/ready")[0] == 200
+    assert run(f"http://{url}/v2/health/ready") == (200, '{"ready":true}')   # the KServe v2 health schema
+    assert run(f"http://{url}/v2/health/live") == (200, '{"live":true}')
+    code, text = run(f"http://{url}/v2/models/shapes/ready")
+    assert code == 200 and json.loads(text) == {"name": "shapes", "ready": True}
     imgs = images()
     body = {"inputs": [{"name": "IMAGES", "shape": list(imgs.shape), "datatype": "UINT8", "data": imgs.ravel().tolist()},
                        {"name": "PROMPTS", "shape": [2], "datatype": "BYTES", "data": PROMPTS}]}

@@ -43,8 +43,10 @@ from starlette.concurrency import run_in_threadpool
 from torch import Tensor, nn
 
 from services.common.args import DEFAULT_MAX_ADAPTER_BYTES
+from services.common.auth import bearer_token
+from services.common.bodies import read_body
 from services.common.env import ENV_ADAPTER_TOKEN
-from services.common.errors import UnavailableError
+from services.common.errors import TooLargeError, UnavailableError
 from services.common.metrics import ServiceMetrics
 from solrl.adapters import LoraSpec, decode_adapter, sha256_hex
 from solrl.adapters.lora import PREFIX, check_state
@@ -346,16 +348,6 @@ class AdapterFetcher:
             return result.version
 
 
-def bearer_token(value: str | None) -> str | None:
-    """The token of an 'Authorization: Bearer <token>' value (None if absent or another scheme)."""
-    if not value:
-        return None
-    scheme, _, token = value.strip().partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return token.strip() or None
-
-
 class AdapterEndpoint:
     """Hot reload over HTTP (`mount`) and gRPC (`grpc_load`), with one auth and error policy.
 
@@ -455,15 +447,10 @@ class AdapterEndpoint:
                     "previous_version": result.previous_version}
 
     async def _read_body(self, request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            raise AdapterRejected("too_large", f"body of {declared} bytes is over the limit of {self.max_bytes}")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > self.max_bytes:
-                raise AdapterRejected("too_large", f"body is over the limit of {self.max_bytes} bytes")
-        return bytes(body)
+        try:
+            return await read_body(request, self.max_bytes, what="adapter body")
+        except TooLargeError as exc:
+            raise AdapterRejected("too_large", str(exc)) from None
 
 
 # The PUT route reads its headers and raw body itself (to refuse before reading the body); this

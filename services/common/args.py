@@ -24,6 +24,18 @@ from solrl.precision.config import BACKEND_NAMES
 from solrl.queue.base import QueueConfig
 
 DEFAULT_MAX_ADAPTER_BYTES = 512 << 20   # the largest adapter a rollout service accepts (LoadAdapter, PUT, fetch)
+# What one request may hold, per door (--max-request-bytes), sized from the largest request a run sends:
+# - reward: one batch of the largest images, 64 (the default --max-batch and rollout micro-batch) x 1024 x 1024
+#   x 3 uint8 = 192 MiB; 256 MiB leaves a third on top. A bigger batch (a video run scoring every frame of its
+#   clips) is split by the client, services.common.rollout_plane.RemoteScorer, into requests within it.
+# - explorer, regenerator: one call is at most max_seeds = 4096 samples: 4096 int64 seeds (32 KiB) and at most one
+#   prompt each, 4 MiB at 1 KiB a prompt; 8 MiB is twice that. (Their gRPC port also takes LoadAdapter pushes,
+#   so it receives up to --max-adapter-bytes.)
+# A door takes a tensor of up to the limit, and a message or body of up to the limit plus MESSAGE_MARGIN (names,
+# prompts, the JSON header); a body's gzip / deflate is bounded on what it decompresses to.
+DEFAULT_MAX_REWARD_REQUEST_BYTES = 256 << 20
+DEFAULT_MAX_ROLLOUT_REQUEST_BYTES = 8 << 20
+MESSAGE_MARGIN = 1 << 20
 DEFAULT_NAMESPACE = "solrl:default"    # the work queue's key namespace
 
 
@@ -70,9 +82,17 @@ def add_model_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], 
                         "adapter from it at start and whenever a job needs a newer one than was pushed here")
     p.add_argument("--max-adapter-bytes", type=int, default=DEFAULT_MAX_ADAPTER_BYTES,
                    help="largest LoadAdapter payload accepted (bytes)")
+    add_request_limit(p, DEFAULT_MAX_ROLLOUT_REQUEST_BYTES)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     add_address_arguments(p, addr)
     p.add_argument("--max-workers", type=int, default=16, help="gRPC handler threads (RPCs in flight)")
+
+
+def add_request_limit(p: argparse.ArgumentParser, default: int) -> None:
+    """--max-request-bytes: the largest request a door takes (a tensor of up to it, a gRPC message or HTTP body,
+    decompressed, of up to it plus MESSAGE_MARGIN); larger ones are refused with 413 / RESOURCE_EXHAUSTED."""
+    p.add_argument("--max-request-bytes", type=int, default=default,
+                   help=f"largest request accepted, gRPC or HTTP, decompressed (bytes; default {default})")
 
 
 def add_consumer_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:

@@ -18,6 +18,8 @@ ENV_SET = "SOLRL_SET"
 ENV_TRAINER_URL = "SOLRL_TRAINER_URL"   # the trainer's ops URL a rollout service fetches the current adapter from
 ENV_REWARD_ADDR = "SOLRL_REWARD_ADDR"   # host:port of the reward service a rollout service scores with
 ENV_ADAPTER_TOKEN = "SOLRL_ADAPTER_TOKEN"   # the bearer token of adapter pushes and fetches (never a flag)
+# the optional bearer token of the data planes: explore, regenerate, reward (services.common.auth; never a flag)
+ENV_DATA_TOKEN = "SOLRL_DATA_TOKEN"
 ENV_REDIS_URL = "SOLRL_REDIS_URL"   # the work queue (redis://<role>@redis:6379/0: the user, never the password)
 ENV_REDIS_PASSWORD = "SOLRL_REDIS_PASSWORD"   # the URL user's Redis password (never a flag, never in the URL we log)
 ENV_QUEUE_KEY = "SOLRL_QUEUE_KEY"   # the run's HMAC key for queue messages, shared by the queue roles (never a flag)

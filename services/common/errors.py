@@ -12,12 +12,18 @@ class NotFoundError(KeyError):
         return str(self.args[0]) if self.args else "not found"
 
 
+class TooLargeError(ValueError):
+    """A request (body, message, tensor) over a size limit -> RESOURCE_EXHAUSTED (HTTP 413)."""
+
+
 class UnavailableError(RuntimeError):
     """The server cannot take the request now (shutting down, not ready) -> UNAVAILABLE."""
 
 
 def status_for(exc: BaseException) -> grpc.StatusCode:
     """The gRPC status code of an exception raised by a handler."""
+    if isinstance(exc, TooLargeError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, (ValueError, TypeError)):
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(exc, KeyError):

@@ -13,6 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.auth import TokenInterceptor
 from services.common.errors import message_for, status_for
 from services.common.metrics import ServiceMetrics
 
@@ -22,10 +23,10 @@ log = logging.getLogger(__name__)
 # MAX_GRPC_MESSAGE_SIZE = INT32_MAX (triton-inference-server/core constants.h), and tritonclient.grpc
 # sets grpc.max_send/receive_message_length to the same value. Clients and the sending side use it.
 MAX_GRPC_MESSAGE_SIZE = 2**31 - 1
-# What a server accepts in one request: one tensor at the services' per-tensor limit (1 GiB,
-# services.common.tensors) plus room for the rest of the message. A bigger request is refused by
-# gRPC itself with RESOURCE_EXHAUSTED before the handler sees it (and before it is buffered whole).
-DEFAULT_MAX_RECEIVE_BYTES = (1 << 30) + (1 << 20)
+# What a server accepts in one request unless its door says more (gRPC's own default, 4 MiB: the trainer's
+# Status); the data doors pass theirs (services.common.args, --max-request-bytes). A bigger request is refused
+# by gRPC itself with RESOURCE_EXHAUSTED before the handler sees it (and before it is buffered whole).
+DEFAULT_MAX_RECEIVE_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -140,12 +141,13 @@ class GrpcServer:
 
 def build_grpc_server(services: Sequence[GrpcService], *, host: str = "127.0.0.1", port: int = 0,
                       max_workers: int = 16, metrics: ServiceMetrics | None = None,
-                      reflect: bool = True, max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES) -> GrpcServer:
+                      reflect: bool = True, max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
+                      token: str | None = None) -> GrpcServer:
     """A gRPC server with the services, grpc.health.v1 (and reflection), bound to host:port (0 = free port).
 
     max_workers bounds the RPCs handled at once; batching services need it above the number of
     requests they should be able to batch together. max_receive_bytes bounds one request message
-    (RESOURCE_EXHAUSTED above it).
+    (RESOURCE_EXHAUSTED above it). token: the data planes' bearer token (services.common.auth; None: open).
     """
     if not services:
         raise ValueError("services must name at least one service")
@@ -158,9 +160,14 @@ def build_grpc_server(services: Sequence[GrpcService], *, host: str = "127.0.0.1
         raise ValueError(f"max_receive_bytes must be an int in [1, {MAX_GRPC_MESSAGE_SIZE}], got {max_receive_bytes!r}")
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-        interceptors=[ErrorInterceptor(metrics)],
+        # the token check inside the error mapping, so refusals are counted in the RPC metrics too
+        interceptors=[ErrorInterceptor(metrics), *([TokenInterceptor(token)] if token else [])],
         options=[("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
                  ("grpc.max_receive_message_length", max_receive_bytes),
+                 # identity only: gRPC core decompresses a gzip / deflate message whole before it compares
+                 # its size with the limit above (grpcio 1.81: a 0.5 MB message that inflates to 512 MiB
+                 # took the server's peak memory up by 544 MB), so compressed requests are refused unread
+                 ("grpc.compression_enabled_algorithms_bitset", 1),
                  # one server per port (Triton's default too): a second bind fails instead of sharing
                  ("grpc.so_reuseport", 0)])
     for s in services:

@@ -13,10 +13,12 @@ import numpy as np
 
 import solrl
 from services.common.adapter_reload import HotSwapModel, serving_precision
+from services.common.args import DEFAULT_MAX_REWARD_REQUEST_BYTES
+from services.common.auth import metadata
 from services.common.env import ENV_REWARD_ADDR  # noqa: F401 (re-exported for callers of this module)
 from services.common.errors import NotFoundError, UnavailableError
 from services.common.grpc_server import MAX_GRPC_MESSAGE_SIZE
-from services.common.tensors import DEFAULT_MAX_TENSOR_BYTES, numpy_to_tensor, torch_to_tensor
+from services.common.tensors import numpy_to_tensor, torch_to_tensor
 from solrl.adapters import LoraSpec
 from solrl.models.base import T2IModel
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
@@ -29,10 +31,11 @@ ODE_SOLVERS = ("euler", "dpm2")  # what a request names; the SDE is asked for wi
 
 
 class RemoteScorer:
-    """A reward service's `solrl.reward.v1.Reward/Score` as a scorer (images, prompts) -> scores."""
+    """A reward service's `solrl.reward.v1.Reward/Score` as a scorer (images, prompts) -> scores; `token`: the
+    data planes' bearer token the service requires (SOLRL_DATA_TOKEN), sent with every call."""
 
     def __init__(self, address: str, reward: str, timeout_s: float = 120.0,
-                 max_request_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> None:
+                 max_request_bytes: int = DEFAULT_MAX_REWARD_REQUEST_BYTES, token: str | None = None) -> None:
         if not isinstance(address, str) or not address.strip():
             raise ValueError(f"address must be host:port, got {address!r}")
         if not isinstance(reward, str) or not reward:
@@ -42,7 +45,7 @@ class RemoteScorer:
         if isinstance(max_request_bytes, bool) or not isinstance(max_request_bytes, int) or max_request_bytes < 1:
             raise ValueError(f"max_request_bytes must be a positive int, got {max_request_bytes!r}")
         self.name, self.address, self.timeout_s = reward, address.strip(), float(timeout_s)
-        self.max_request_bytes = max_request_bytes
+        self.max_request_bytes, self._metadata = max_request_bytes, metadata(token)
         self._channel = grpc.insecure_channel(self.address, options=[
             ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
             ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE)])
@@ -66,7 +69,7 @@ class RemoteScorer:
     def _score(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
         request = reward_pb2.ScoreRequest(reward=self.name, images=numpy_to_tensor(images), prompts=prompts)
         try:
-            response = self._stub.Score(request, timeout=self.timeout_s)
+            response = self._stub.Score(request, timeout=self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details()
             msg = f"reward service {self.address}: {code.name}: {details}"
@@ -86,9 +89,10 @@ class RemoteScorer:
         self._channel.close()
 
 
-def build_scorer(reward: str, address: str | None = None) -> Scorer:
-    """The registry scorer `reward` in process, or the reward service at `address` scoring with it."""
-    return RemoteScorer(address, reward) if address else build_reward(reward)
+def build_scorer(reward: str, address: str | None = None, token: str | None = None) -> Scorer:
+    """The registry scorer `reward` in process, or the reward service at `address` scoring with it (sending
+    `token`, the data planes' bearer token, if any)."""
+    return RemoteScorer(address, reward, token=token) if address else build_reward(reward)
 
 
 def resolve_sampler(default: SamplerSpec, solver: str = "", shift: float = 0.0, guidance: float = 0.0,

@@ -20,6 +20,7 @@ from services.common.adapter_reload import (
     HotSwapModel,
 )
 from services.common.args import add_model_arguments  # noqa: F401 (re-exported: the options live there, light)
+from services.common.auth import read_data_token
 from services.common.env import ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, split_overrides
 from services.common.grpc_server import GrpcServer
 from services.common.lifecycle import RunningService, serve_until_stopped
@@ -184,12 +185,14 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
     log = logging.getLogger(f"solrl.services.{role}")
     settle_role_args(args, role)
     model, lora = load_served_model(args)
-    plane = build_plane(model, lora, build_scorer(args.reward, args.reward_addr or None))
+    data_token = read_data_token(environ)   # the doors' and the reward service's (one token for the data planes)
+    plane = build_plane(model, lora, build_scorer(args.reward, args.reward_addr or None, token=data_token))
     plane.model_name, plane.base_precision, plane.model_path = args.model, args.base_precision, args.model_path or ""
     metrics = ServiceMetrics(role)
     svc = start(plane, metrics, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                 max_workers=args.max_workers, adapter_token=environ.get(ENV_ADAPTER_TOKEN) or None,
-                max_adapter_bytes=args.max_adapter_bytes)
+                max_adapter_bytes=args.max_adapter_bytes, max_request_bytes=args.max_request_bytes,
+                data_token=data_token)
     token = environ.get(ENV_ADAPTER_TOKEN) or None
     if getattr(args, "trainer_url", ""):
         # before any job is taken: a pod that starts or restarts mid-run serves the run's current adapter

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import torch
 
+from services.common.errors import TooLargeError
 from solrl.pb.solrl.common.v1 import common_pb2
 
 DTYPES: dict[str, torch.dtype] = {
@@ -44,9 +45,9 @@ def check_tensor(msg: common_pb2.Tensor, field: str = "tensor",
     shape = tuple(int(d) for d in msg.shape)
     if any(d < 0 for d in shape):
         raise ValueError(f"{field}.shape must have non-negative sizes, got {list(shape)}")
-    need = math.prod(shape) * _wire_dtype(msg.dtype).itemsize
+    need = math.prod(shape) * _wire_dtype(msg.dtype).itemsize   # from the declared shape, before any allocation
     if need > max_bytes:
-        raise ValueError(f"{field}: {msg.dtype} {list(shape)} is {need} bytes, over the limit of {max_bytes}")
+        raise TooLargeError(f"{field}: {msg.dtype} {list(shape)} is {need} bytes, over the limit of {max_bytes}")
     if len(msg.data) != need:
         raise ValueError(f"{field}.data holds {len(msg.data)} bytes but {msg.dtype} {list(shape)} needs {need}")
     return msg.dtype, shape

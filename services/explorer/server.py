@@ -8,7 +8,8 @@
 
 Run: `python -m services.explorer.server [--model shapes] [--precision nvfp4-emu] [--reward shapes]`
 (SOLRL_BIND_HOST, SOLRL_GRPC_PORT, SOLRL_HTTP_PORT, SOLRL_REWARD_ADDR give defaults; the adapter
-token comes only from SOLRL_ADAPTER_TOKEN). Each handler converts the request, makes one data-plane
+token comes only from SOLRL_ADAPTER_TOKEN, the optional data token both doors then require, and the reward
+client sends, only from SOLRL_DATA_TOKEN). Each handler converts the request, makes one data-plane
 call and converts the result; errors map to status codes in services.common.grpc_server.ErrorInterceptor,
 adapter refusals in services.common.adapter_reload.REJECTIONS.
 """
@@ -27,8 +28,8 @@ from services.common.adapter_reload import (
     DEFAULT_MAX_ADAPTER_BYTES,
     AdapterEndpoint,
 )
+from services.common.args import DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, MESSAGE_MARGIN
 from services.common.grpc_server import (
-    DEFAULT_MAX_RECEIVE_BYTES,
     GrpcServer,
     GrpcService,
     build_grpc_server,
@@ -37,7 +38,6 @@ from services.common.grpc_server import (
 from services.common.lifecycle import run_main
 from services.common.metrics import ServiceMetrics
 from services.common.rollout_shell import RolloutService, run_rollout_role, serve
-from services.common.tensors import DEFAULT_MAX_TENSOR_BYTES
 from services.explorer.args import (  # noqa: F401 (the options live there, light; re-exported here)
     DEFAULT_GRPC_PORT,
     DEFAULT_HTTP_PORT,
@@ -100,40 +100,45 @@ class ExplorerServicer(explorer_pb2_grpc.ExplorerServicer):
             swap_ms=result.swap_ms)
 
 
-def explorer_inference(plane: ExplorerDataPlane, max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> InferenceServicer:
+def explorer_inference(plane: ExplorerDataPlane,
+                       max_tensor_bytes: int = DEFAULT_MAX_ROLLOUT_REQUEST_BYTES) -> InferenceServicer:
     """The KServe door's servicer for the model `explore` (K is an optional input)."""
     return InferenceServicer(plane, max_tensor_bytes, server_name=SERVER_NAME, optional_inputs=OPTIONAL_INPUTS)
 
 
 def build_server(plane: ExplorerDataPlane, adapters: AdapterEndpoint, *, host: str = "127.0.0.1", port: int = 0,
                  max_workers: int = 16, metrics: ServiceMetrics | None = None,
-                 max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
-                 inference: InferenceServicer | None = None) -> GrpcServer:
+                 max_request_bytes: int = DEFAULT_MAX_ROLLOUT_REQUEST_BYTES,
+                 inference: InferenceServicer | None = None, token: str | None = None) -> GrpcServer:
     """The explorer gRPC server (not started): Explorer + GRPCInferenceService (`inference`, shared with the
-    REST door; default a new one) + health + reflection."""
+    REST door; default a new one) + health + reflection. It receives a request of up to max_request_bytes, or
+    an adapter push of up to the endpoint's max_bytes; token: the data token (None: open)."""
     return build_grpc_server(
         [GrpcService(service_name(explorer_pb2, "Explorer"), explorer_pb2_grpc.add_ExplorerServicer_to_server,
                      ExplorerServicer(plane, adapters)),
          GrpcService(service_name(service_pb2, "GRPCInferenceService"),
                      service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
-                     inference or explorer_inference(plane, max_tensor_bytes))],
-        host=host, port=port, max_workers=max_workers, metrics=metrics)
+                     inference or explorer_inference(plane, max_request_bytes))],
+        host=host, port=port, max_workers=max_workers, metrics=metrics, token=token,
+        max_receive_bytes=max(max_request_bytes, adapters.max_bytes) + MESSAGE_MARGIN)
 
 
 def start(plane: ExplorerDataPlane, metrics: ServiceMetrics, *, host: str = "127.0.0.1", grpc_port: int = 0,
           http_port: int = 0, max_workers: int = 16, adapter_token: str | None = None,
           max_adapter_bytes: int = DEFAULT_MAX_ADAPTER_BYTES,
-          max_tensor_bytes: int = DEFAULT_MAX_TENSOR_BYTES) -> RolloutService:
+          max_request_bytes: int = DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, data_token: str | None = None) -> RolloutService:
     """Serve `plane` over gRPC and the ops app over HTTP (ports 0 = any free port).
 
-    adapter_token: the bearer token hot reload needs (None: pushes are refused with 403)."""
-    inference = explorer_inference(plane, max_tensor_bytes)
+    adapter_token: the bearer token hot reload needs (None: pushes are refused with 403); data_token: the one
+    Explore and the KServe doors need (None: open); max_request_bytes: the largest request they take."""
+    inference = explorer_inference(plane, max_request_bytes)
     return serve(plane, plane.hot, metrics,
                  lambda adapters: build_server(plane, adapters, host=host, port=grpc_port, max_workers=max_workers,
-                                                  metrics=metrics, max_tensor_bytes=max_tensor_bytes,
-                                                  inference=inference),
+                                               metrics=metrics, max_request_bytes=max_request_bytes,
+                                               inference=inference, token=data_token),
                  host=host, http_port=http_port, adapter_token=adapter_token, max_adapter_bytes=max_adapter_bytes,
-                 mount=lambda app: mount_kserve_http(app, inference, max_body_bytes=DEFAULT_MAX_RECEIVE_BYTES))
+                 mount=lambda app: mount_kserve_http(app, inference, max_body_bytes=max_request_bytes + MESSAGE_MARGIN,
+                                                     token=data_token))
 
 
 # ---------------------------------------------------------------------- command line

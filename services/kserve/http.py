@@ -4,10 +4,10 @@ Every route transcodes its HTTP request into the protobuf request of the service
 servicer, calls the very method the gRPC door calls, and transcodes the answer back: both doors share one
 data plane, one set of input checks and one statistics record. Routes (KServe v2 / Triton HTTP protocol):
 
-  GET  /v2/health/live, /v2/health/ready            200 when live / ready, 400 when not (the spec's 4xx)
+  GET  /v2/health/live, /v2/health/ready            {"live": true} / {"ready": true} 200; false 400 (the spec's 4xx)
   GET  /v2                                          server metadata (name, version, extensions)
   GET  /v2/models/{m}[/versions/{v}]                model metadata
-  GET  /v2/models/{m}[/versions/{v}]/ready          200 when the model is ready, 400 when not (or unknown)
+  GET  /v2/models/{m}[/versions/{v}]/ready          {"name", "ready"}: 200 when ready, 400 when not (or unknown)
   GET  /v2/models/{m}[/versions/{v}]/config         Triton model configuration (JSON)
   POST /v2/models/{m}[/versions/{v}]/infer          inference: JSON tensors, or the binary tensor extension
   GET  /v2/models[/{m}[/versions/{v}]]/stats        Triton statistics
@@ -17,17 +17,20 @@ Binary tensor data (what tritonclient.http sends and asks for by default): the b
 `Inference-Header-Content-Length` bytes followed by the raw tensors of the inputs whose
 `parameters.binary_data_size` is set, in input order (BYTES as 4-byte little-endian lengths before each
 element); outputs asked for with `parameters.binary_data` (or the request's `binary_data_output`) come back
-the same way. A gzip or deflate `Content-Encoding` is accepted. Errors are `{"error": message}` with the
-status of the gRPC code the same input gives (400 invalid, 404 unknown model, 503 unavailable).
+the same way. A gzip or deflate `Content-Encoding` is accepted. Bodies are bounded before they are read: a
+declared Content-Length over the door's limit is refused unread, the body is read as a stream and decompressed
+with the limit on its output (services.common.bodies), its JSON part is at most MAX_JSON_BYTES (over a limit:
+413). Errors are `{"error": message}` with the status of the gRPC code the same input gives (400 invalid or
+malformed, JSON nested too deeply included, 404 unknown model, 413 too large, 503 unavailable). With a token
+(SOLRL_DATA_TOKEN, services.common.auth) every route but /v2/health/* needs `Authorization: Bearer <token>` (401).
 Written by hand over FastAPI (the service's ops app): KServe's `ModelServer` would bring its own servers and
 a Kubernetes client, PyTriton a Triton binary and an older numpy.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
-import zlib
+import math
 from typing import Any
 
 import numpy as np
@@ -39,9 +42,12 @@ from starlette.concurrency import run_in_threadpool
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, triton_to_np_dtype
 
-from services.common.errors import message_for, status_for
+from services.common.auth import TokenMiddleware
+from services.common.bodies import parse_json, read_body
+from services.common.errors import TooLargeError, message_for, status_for
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+INDEX_BODY_BYTES = 64 << 10   # a repository index request is {"ready": true}
 HTTP_STATUS = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "UNAVAILABLE": 503, "UNIMPLEMENTED": 501,
                "FAILED_PRECONDITION": 400, "RESOURCE_EXHAUSTED": 413}
 
@@ -97,8 +103,8 @@ def _json_tensor(name: str, datatype: str, shape: tuple[int, ...], data: Any) ->
             array = np.array(data, dtype=np_type).reshape(-1)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{name}: data is not {datatype}: {exc}") from None
-    if array.size != int(np.prod(shape)):
-        raise ValueError(f"{name}: data holds {array.size} elements but shape {list(shape)} needs {int(np.prod(shape))}")
+    if array.size != math.prod(shape):
+        raise ValueError(f"{name}: data holds {array.size} elements but shape {list(shape)} needs {math.prod(shape)}")
     if datatype == "BYTES":
         return serialize_byte_tensor(array).item() if array.size else b""  # a 0-d object array of the bytes
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
@@ -185,37 +191,40 @@ def infer_response(response: service_pb2.ModelInferResponse, binary_out: set[str
                     headers={HEADER_LENGTH: str(len(head))})
 
 
+# The JSON part of a body (the whole body without the binary extension): JSON amplifies (a number of 2 bytes
+# becomes a Python object of 28 plus an 8-byte list slot), so it gets its own bound: 16 MiB holds the JSON
+# form of a few 1024 x 1024 images, enough for curl; batches travel as binary tensors (tritonclient's default).
+MAX_JSON_BYTES = 16 << 20
+
+
 async def _body(request: Request, max_bytes: int) -> tuple[dict[str, Any], bytes]:
-    data = await request.body()
-    encoding = request.headers.get("content-encoding", "").lower()
-    try:
-        if encoding == "gzip":
-            data = gzip.decompress(data)
-        elif encoding == "deflate":
-            data = zlib.decompress(data)
-        elif encoding not in ("", "identity"):
-            raise ValueError(f"Content-Encoding: {encoding!r} is not supported (gzip, deflate)")
-    except (OSError, zlib.error) as exc:
-        raise ValueError(f"Content-Encoding {encoding}: the body does not decompress ({exc})") from None
-    if len(data) > max_bytes:
-        raise ValueError(f"request body: {len(data)} bytes, over the limit of {max_bytes}")
+    """The JSON header and binary tail of an infer body, bounded before reading (services.common.bodies)."""
     length = request.headers.get(HEADER_LENGTH)
+    if length is not None and not length.isdigit():
+        raise ValueError(f"{HEADER_LENGTH}: {length!r} is not a length")
+    if length is not None and int(length) > MAX_JSON_BYTES:
+        raise TooLargeError(f"{HEADER_LENGTH}: {length} bytes of JSON, over the limit of {MAX_JSON_BYTES}")
+    data = await read_body(request, max_bytes, decode=True)
     if length is None:
         head, tail = data, b""
+    elif int(length) > len(data):
+        raise ValueError(f"{HEADER_LENGTH}: {length} is not a length within the {len(data)}-byte body")
     else:
-        if not length.isdigit() or int(length) > len(data):
-            raise ValueError(f"{HEADER_LENGTH}: {length!r} is not a length within the {len(data)}-byte body")
         head, tail = data[:int(length)], data[int(length):]
-    try:
-        return json.loads(head), tail
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"request body: not JSON ({exc})") from None
+    if len(head) > MAX_JSON_BYTES:
+        raise TooLargeError(f"request body: {len(head)} bytes of JSON, over the limit of {MAX_JSON_BYTES} "
+                            f"(send tensors with the binary extension, {HEADER_LENGTH})")
+    return parse_json(head), tail
 
 
 # ---------------------------------------------------------------------- routes
 
-def mount_kserve_http(app: FastAPI, servicer: Any, *, max_body_bytes: int) -> None:
-    """Add the KServe v2 REST routes (module doc) to `app`, over `servicer`'s GRPCInferenceService methods."""
+def mount_kserve_http(app: FastAPI, servicer: Any, *, max_body_bytes: int, token: str | None = None) -> None:
+    """Add the KServe v2 REST routes (module doc) to `app`, over `servicer`'s GRPCInferenceService methods.
+    max_body_bytes bounds an infer body, decompressed; token: the bearer token every /v2 route but
+    /v2/health/* needs (services.common.auth; None: open)."""
+    if token:
+        app.add_middleware(TokenMiddleware, token=token)
 
     def call(method: str, request: Any) -> Any:
         return getattr(servicer, method)(request, None)
@@ -226,15 +235,16 @@ def mount_kserve_http(app: FastAPI, servicer: Any, *, max_body_bytes: int) -> No
         except Exception as exc:  # the gRPC door's mapping, as HTTP statuses
             return _error(exc)
 
+    def state(key: str, value: bool, **extra: str) -> JSONResponse:
+        return JSONResponse({**extra, key: value}, status_code=200 if value else 400)
+
     @app.get("/v2/health/live")
     def live() -> Response:
-        return answer(lambda: JSONResponse({}, status_code=200 if call("ServerLive", service_pb2.ServerLiveRequest()).live
-                                           else 400))
+        return answer(lambda: state("live", call("ServerLive", service_pb2.ServerLiveRequest()).live))
 
     @app.get("/v2/health/ready")
     def ready() -> Response:
-        return answer(lambda: JSONResponse(
-            {}, status_code=200 if call("ServerReady", service_pb2.ServerReadyRequest()).ready else 400))
+        return answer(lambda: state("ready", call("ServerReady", service_pb2.ServerReadyRequest()).ready))
 
     @app.get("/v2")
     def server_metadata() -> Response:
@@ -246,12 +256,14 @@ def mount_kserve_http(app: FastAPI, servicer: Any, *, max_body_bytes: int) -> No
 
     @app.post("/v2/repository/index")
     async def repository_index(request: Request) -> Response:
-        raw = await request.body()
         try:
-            ready_only = bool(json.loads(raw).get("ready", False)) if raw.strip() else False
-        except (ValueError, AttributeError):
-            return JSONResponse({"error": "request body: a JSON object such as {\"ready\": true} is expected"},
-                                status_code=400)
+            raw = await read_body(request, INDEX_BODY_BYTES, decode=True)
+            body = parse_json(raw) if raw.strip() else {}
+            if not isinstance(body, dict):
+                raise ValueError("request body: a JSON object such as {\"ready\": true} is expected")
+        except ValueError as exc:
+            return _error(exc)
+        ready_only = bool(body.get("ready", False))
         return answer(lambda: JSONResponse([_dict(m) for m in call(
             "RepositoryIndex", service_pb2.RepositoryIndexRequest(ready=ready_only)).models]))
 
@@ -263,8 +275,8 @@ def mount_kserve_http(app: FastAPI, servicer: Any, *, max_body_bytes: int) -> No
 
         @app.get(prefix + "/ready")
         def model_ready(model: str, version: str = "") -> Response:
-            return answer(lambda: JSONResponse({}, status_code=200 if call(
-                "ModelReady", service_pb2.ModelReadyRequest(name=model, version=version)).ready else 400))
+            return answer(lambda: state("ready", call(
+                "ModelReady", service_pb2.ModelReadyRequest(name=model, version=version)).ready, name=model))
 
         @app.get(prefix + "/config")
         def model_config(model: str, version: str = "") -> Response:

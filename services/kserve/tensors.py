@@ -20,6 +20,7 @@ from tritonclient.utils import (
     triton_to_np_dtype,
 )
 
+from services.common.errors import TooLargeError
 from services.common.tensors import DEFAULT_MAX_TENSOR_BYTES
 
 MODEL_VERSION = "1"   # every model a solrl service serves has this one version
@@ -58,7 +59,7 @@ TYPED_CONTENTS: dict[str, str] = {
 def _from_raw(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...], raw: bytes,
               max_bytes: int) -> np.ndarray:
     if len(raw) > max_bytes:
-        raise ValueError(f"{name}: {len(raw)} bytes, over the limit of {max_bytes}")
+        raise TooLargeError(f"{name}: {len(raw)} bytes, over the limit of {max_bytes}")
     if datatype == "BYTES":
         try:
             values = deserialize_bytes_tensor(raw)
@@ -68,7 +69,9 @@ def _from_raw(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...],
             raise ValueError(f"{name}: BYTES data holds {values.size} elements but shape {list(shape)} "
                              f"needs {math.prod(shape)}")
         return values.reshape(shape)
-    need = math.prod(shape) * dtype.itemsize
+    need = math.prod(shape) * dtype.itemsize   # from the declared shape, before any allocation
+    if need > max_bytes:
+        raise TooLargeError(f"{name}: {datatype} {list(shape)} is {need} bytes, over the limit of {max_bytes}")
     if len(raw) != need:
         raise ValueError(f"{name}: raw data holds {len(raw)} bytes but {datatype} {list(shape)} needs {need}")
     return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
@@ -80,14 +83,14 @@ def _from_typed(name: str, datatype: str, dtype: np.dtype, shape: tuple[int, ...
     if field is None:
         raise ValueError(f"{name}: {datatype} data must be sent in raw_input_contents")
     n = math.prod(shape)
-    if datatype != "BYTES" and n * dtype.itemsize > max_bytes:
-        raise ValueError(f"{name}: {datatype} {list(shape)} is over the limit of {max_bytes} bytes")
+    if datatype != "BYTES" and n * dtype.itemsize > max_bytes:   # from the declared shape, before allocating
+        raise TooLargeError(f"{name}: {datatype} {list(shape)} is over the limit of {max_bytes} bytes")
     values = getattr(contents, field)
     if len(values) != n:
         raise ValueError(f"{name}: {datatype} {list(shape)} needs {n} values in contents.{field}, got {len(values)}")
     if datatype == "BYTES":
         if sum(len(v) for v in values) > max_bytes:
-            raise ValueError(f"{name}: over the limit of {max_bytes} bytes")
+            raise TooLargeError(f"{name}: over the limit of {max_bytes} bytes")
         return np.array(list(values), dtype=object).reshape(shape)
     if dtype.kind in "iu":  # int_contents / uint_contents are wider than INT8..UINT32: check the range
         wide = np.array(values, dtype=np.int64 if dtype.kind == "i" else np.uint64)

@@ -7,6 +7,7 @@ import argparse
 import os
 from collections.abc import Mapping
 
+from services.common.args import DEFAULT_MAX_REWARD_REQUEST_BYTES, add_request_limit
 from services.common.env import Addresses, add_address_arguments
 
 DEFAULT_GRPC_PORT = 8001  # Triton's gRPC port
@@ -25,3 +26,4 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
     p.add_argument("--max-batch", type=int, default=64, help="images per scorer call")
     p.add_argument("--max-delay-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
     p.add_argument("--max-workers", type=int, default=16, help="gRPC handler threads (RPCs in flight)")
+    add_request_limit(p, DEFAULT_MAX_REWARD_REQUEST_BYTES)

@@ -11,8 +11,9 @@ SOLRL_EXPLORER_ADDRS and SOLRL_REGENERATOR_ADDRS (comma-separated gRPC host:port
 pushed to with LoadAdapter), SOLRL_BIND_HOST / SOLRL_GRPC_PORT / SOLRL_HTTP_PORT; the secrets only from the
 environment: the adapter token from SOLRL_ADAPTER_TOKEN, the Redis password of the URL's user from
 SOLRL_REDIS_PASSWORD, the run's queue key from SOLRL_QUEUE_KEY (set: every queue message is HMAC-signed, and a
-rollout that does not verify is dropped, counted in solrl_queue_rejected_messages and never trained on). The
-process exits when the run is done (0) or failed (1).
+rollout that does not verify is dropped, counted in solrl_queue_rejected_messages and never trained on), the data
+planes' optional token (sent with the Info calls) from SOLRL_DATA_TOKEN. The process exits when the run is done
+(0) or failed (1).
 
 Data-parallel: `torchrun --nproc-per-node K --no-python solrl serve trainer ...` (gloo on CPU, nccl on GPU, each rank
 on cuda:LOCAL_RANK). Rank 0 is the service: it consumes the rollouts, serves gRPC and the ops app, pushes adapters
@@ -26,7 +27,6 @@ the last checkpoint with any K.
 from __future__ import annotations
 
 import argparse
-import hmac
 import json
 import logging
 import os
@@ -47,8 +47,8 @@ from services.common.adapter_reload import (
     ENV_ADAPTER_TOKEN,
     SHA256_HEADER,
     VERSION_HEADER,
-    bearer_token,
 )
+from services.common.auth import authorized, metadata, read_data_token
 from services.common.env import ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, split_overrides
 from services.common.grpc_server import (
     MAX_GRPC_MESSAGE_SIZE,
@@ -128,10 +128,11 @@ class AdapterPusher:
     The last pushed adapter stays in `current` (served on the trainer's GET /v1/adapter/current)."""
 
     def __init__(self, explorers: Sequence[str], regenerators: Sequence[str], token: str | None,
-                 timeout_s: float = 120.0, retry_s: float = 30.0) -> None:
+                 timeout_s: float = 120.0, retry_s: float = 30.0, data_token: str | None = None) -> None:
         if (explorers or regenerators) and not token:
             raise ValueError(f"{ENV_ADAPTER_TOKEN} must be set to push adapters to the rollout services")
-        self.metadata = (("authorization", f"Bearer {token}"),)
+        self.metadata = metadata(token)
+        self.data_metadata = metadata(data_token)   # the other calls (Info): the data planes' token, if any
         self.timeout_s, self.retry_s = float(timeout_s), float(retry_s)
         self.explorers, self.regenerators = list(explorers), list(regenerators)
         self._channels: dict[str, grpc.Channel] = {}
@@ -270,7 +271,7 @@ def check_workers(pusher: AdapterPusher, cfg: RunConfig, timeout_s: float = 600.
     for role, address, stub in pusher.workers():
         request = common_pb2.InfoRequest()  # one Info contract for both rollout roles (common.v1)
         try:
-            info = stub.Info(request, timeout=timeout_s, wait_for_ready=True)
+            info = stub.Info(request, timeout=timeout_s, wait_for_ready=True, metadata=pusher.data_metadata)
         except grpc.RpcError as exc:
             problems.append(f"{role} {address} did not answer Info within {timeout_s:g}s "
                             f"({exc.code().name}: {exc.details()})")
@@ -294,8 +295,7 @@ def mount_current_adapter(app: FastAPI, pusher: AdapterPusher, token: str | None
 
     @app.get("/v1/adapter/current")
     def current_adapter(authorization: str | None = Header(default=None)) -> Response:
-        given = bearer_token(authorization)
-        if not token or given is None or not hmac.compare_digest(given.encode(), token.encode()):
+        if not token or not authorized(authorization, token):
             status = 403 if not token else 401
             return JSONResponse({"error": "unauthenticated" if token else "disabled",
                                  "detail": "Authorization: Bearer <SOLRL_ADAPTER_TOKEN> is required" if token
@@ -392,7 +392,8 @@ def serve(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, resume: bool,
     run_id = args.run_id or run_dir.name.replace(":", "-")
     token = environ.get(ENV_ADAPTER_TOKEN) or None
     pusher = AdapterPusher(parse_addrs(args.explorer_addrs, "--explorer-addrs"),
-                           parse_addrs(args.regenerator_addrs, "--regenerator-addrs"), token)
+                           parse_addrs(args.regenerator_addrs, "--regenerator-addrs"), token,
+                           data_token=read_data_token(environ))
     metrics = ServiceMetrics("trainer")
     signing_key = environ.get(ENV_QUEUE_KEY) or None
     if signing_key is None:

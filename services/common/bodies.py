@@ -1,0 +1,72 @@
+"""Request bodies read with a bound: the declared Content-Length is checked before a byte is read, the body
+is read as a stream and refused as soon as it passes the limit, and a gzip / deflate body is decompressed
+as a stream with the limit on what it decompresses to (a few KiB of gzip can stand for GiBs of zeros).
+
+Shared by the REST doors (services.kserve.http) and the adapter pushes (services.common.adapter_reload).
+Written by hand over zlib's `decompressobj(...).decompress(data, max_length)`: Starlette and uvicorn
+decompress no request bodies, and the decoders of HTTP clients (httpx, urllib3) are for responses.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import zlib
+from typing import Any
+
+from starlette.requests import Request
+
+from services.common.errors import TooLargeError
+
+# Content-Encoding -> zlib wbits: gzip's header and trailer, or the zlib format HTTP calls "deflate"
+# (RFC 9110 8.4.1.2; what tritonclient's `request_compression_algorithm="deflate"` sends: zlib.compress)
+WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+async def read_body(request: Request, max_bytes: int, *, decode: bool = False, what: str = "request body") -> bytes:
+    """The body of `request`, at most `max_bytes` (TooLargeError past it, before reading further). With
+    `decode`, a gzip or deflate Content-Encoding is undone with `max_bytes` bounding the decompressed bytes
+    too (ValueError for any other encoding, or bytes that do not decompress)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise TooLargeError(f"{what}: Content-Length {declared} is over the limit of {max_bytes} bytes")
+    encoding = request.headers.get("content-encoding", "").strip().lower() if decode else ""
+    if encoding in ("", "identity"):
+        inflate = None
+    elif encoding in WBITS:
+        inflate = zlib.decompressobj(WBITS[encoding])
+    else:
+        raise ValueError(f"Content-Encoding: {encoding!r} is not supported (gzip, deflate)")
+    received, body = 0, bytearray()
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > max_bytes:
+            raise TooLargeError(f"{what}: over the limit of {max_bytes} bytes")
+        if inflate is None:
+            body += chunk
+            continue
+        try:
+            while chunk:   # at most one byte past the limit per call: stop as soon as the output passes it
+                body += inflate.decompress(chunk, max_bytes + 1 - len(body))
+                if len(body) > max_bytes:
+                    raise TooLargeError(f"{what}: decompresses to over the limit of {max_bytes} bytes "
+                                        f"(Content-Encoding {encoding})")
+                chunk = inflate.unconsumed_tail
+        except zlib.error as exc:
+            raise ValueError(f"Content-Encoding {encoding}: the body does not decompress ({exc})") from None
+    if inflate is not None and not inflate.eof:
+        raise ValueError(f"Content-Encoding {encoding}: the body does not decompress (truncated stream)")
+    if inflate is not None and inflate.unused_data:
+        raise ValueError(f"Content-Encoding {encoding}: {len(inflate.unused_data)} bytes after the compressed stream")
+    return bytes(body)
+
+
+def parse_json(data: bytes, what: str = "request body") -> Any:
+    """`data` as JSON; ValueError naming `what` for bytes that are not JSON or nest too deeply (the parser
+    recurses per level: past the interpreter's recursion limit it raises RecursionError, a client's fault)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError(f"{what}: JSON nested deeper than {sys.getrecursionlimit()} levels") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{what}: not JSON ({exc})") from None
