@@ -150,7 +150,8 @@ def role_of(name: str) -> str:
 COMPOSE_FILES = ["docker-compose.yml", "docker-compose.colocated.yml", "docker-compose.cpu.yml"]
 QUEUE_ROLES = ("trainer", "explorer", "regenerator")
 # what a user exports for compose: every secret, each required (names as the compose files and docs give them)
-COMPOSE_SECRETS = {ENV_ADAPTER_TOKEN: "test-token", ENV_QUEUE_KEY: "test-queue-key-0123456789abcdef",
+COMPOSE_SECRETS = {ENV_ADAPTER_TOKEN: "test-token", ENV_DATA_TOKEN: "test-data-token",
+                   ENV_QUEUE_KEY: "test-queue-key-0123456789abcdef",
                    **{f"SOLRL_REDIS_{r.upper()}_PASSWORD": f"test-{r}-redis-password" for r in QUEUE_ROLES}}
 REDIS_ACL_SCRIPT = ROOT / "k8s" / "base" / "redis-acl.sh"
 
@@ -189,6 +190,7 @@ def test_compose_ports_and_env_match_what_solrl_serve_reads(name):
             continue
         env = svc["environment"]
         check_env(f"{name}: {svc_name}", role, set(env))
+        assert env[ENV_DATA_TOKEN] == COMPOSE_SECRETS[ENV_DATA_TOKEN], svc_name   # the doors closed in every role
         grpc_port, http_port = PORTS[role]
         assert (int(env[ENV_GRPC_PORT]), int(env[ENV_HTTP_PORT])) == (grpc_port, http_port), svc_name
         if ENV_REDIS_URL in env:
@@ -304,6 +306,7 @@ def write_overlay_secrets(tree: Path, token: str = "test-token") -> None:
     for overlay in ("b200", "hopper"):
         where = tree / "overlays" / overlay
         (where / "adapter-token.txt").write_text(token + "\n")
+        (where / "data-token.txt").write_text("test-data-token\n")
         (where / "queue-key.txt").write_text("test-queue-key-0123456789abcdef\n")
         (where / "redis-passwords.env").write_text("".join(f"{r}=test-{r}-redis-password\n"
                                                            for r in (*QUEUE_ROLES, "keda")))
@@ -399,6 +402,7 @@ def test_k8s_ports_env_probes_and_security(k8s_tree, overlay):
             assert term["matchExpressions"] == [{"key": "nvidia.com/gpu.family", "operator": "In", "values": ["hopper"]}]
         if ENV_ADAPTER_TOKEN in env:
             assert env[ENV_ADAPTER_TOKEN] == "<secret>"  # from the Secret, never a literal
+        assert env[ENV_DATA_TOKEN] == "<secret>"   # every role's doors closed, with the token from the Secret
         svc = by_kind[("Service", role)]
         assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"grpc": grpc_port, "http": http_port}
     trainer_env = container_env(containers(by_kind[("Job", "trainer")])[0], by_kind)
@@ -517,7 +521,7 @@ def test_keda_component_in_an_overlay_names_the_generated_secret(k8s_tree):
     assert "keda" in by_kind[("Secret", ref["name"])]["data"]   # the hashed name kustomize gave it
 
 
-@pytest.mark.parametrize("missing", ["adapter-token.txt", "queue-key.txt", "redis-passwords.env"])
+@pytest.mark.parametrize("missing", ["adapter-token.txt", "data-token.txt", "queue-key.txt", "redis-passwords.env"])
 def test_gpu_overlays_refuse_to_render_without_a_secret_file(k8s_tree, missing):
     (k8s_tree / "overlays" / "b200" / missing).unlink()
     out = subprocess.run([tool("kubectl"), "kustomize", str(k8s_tree / "overlays" / "b200")], capture_output=True,
