@@ -28,13 +28,18 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tgrpc
 import tritonclient.http as thttp
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from services.common.bodies import read_body
 from services.common.grpc_server import MAX_GRPC_MESSAGE_SIZE
+from services.common.ops import HttpServer
 from services.common.rollout_plane import RemoteScorer
 from services.common.tensors import numpy_to_tensor
+from services.kserve.http import _error
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -294,6 +299,41 @@ def test_a_trickled_body_holds_up_no_one_else(svc):
         thread.join(5)
         slow.close()
     svc.assert_unharmed("trickled body")
+
+
+@pytest.mark.parametrize("pace", ["stalled", "trickled"])
+def test_a_body_that_does_not_arrive_in_time_is_a_408_and_the_connection_freed(pace):
+    """The doors' body reader (services.common.bodies.read_body, with a 1 s deadline instead of the doors'
+    BODY_TIMEOUT_S) under the real uvicorn server: a client that sends its headers and then nothing, or a byte
+    every 0.1 s, gets 408 once the deadline passes, and the server closes its connection."""
+    app = FastAPI()
+
+    @app.post("/body")
+    async def body(request: Request):
+        try:
+            return JSONResponse({"bytes": len(await read_body(request, 1 << 20, timeout_s=1.0))})
+        except Exception as exc:
+            return _error(exc)
+
+    server = HttpServer(app)
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+            conn.sendall(b"POST /body HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nabc")
+            t0, reply = time.monotonic(), b""
+            while not reply.endswith(b"}") and time.monotonic() - t0 < 8:
+                if pace == "trickled":
+                    conn.send(b"x")
+                if select.select([conn], [], [], 0.1)[0]:
+                    reply += conn.recv(65536)
+            took = time.monotonic() - t0
+            assert reply.startswith(b"HTTP/1.1 408"), reply
+            assert b"not received within 1 s" in reply and 0.9 < took < 5
+            conn.settimeout(5)
+            assert conn.recv(65536) == b""   # closed by the server: the half-read request cannot go on
+        assert httpx.post(f"http://127.0.0.1:{server.port}/body", content=b"y" * 500).json() == {"bytes": 500}
+    finally:
+        server.stop()
 
 
 # ---------------------------------------------------------------------- gRPC

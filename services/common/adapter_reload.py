@@ -46,7 +46,7 @@ from services.common.args import DEFAULT_MAX_ADAPTER_BYTES
 from services.common.auth import bearer_token
 from services.common.bodies import read_body
 from services.common.env import ENV_ADAPTER_TOKEN
-from services.common.errors import TooLargeError, UnavailableError
+from services.common.errors import BodyTimeoutError, TooLargeError, UnavailableError
 from services.common.metrics import ServiceMetrics
 from solrl.adapters import LoraSpec, decode_adapter, sha256_hex
 from solrl.adapters.lora import PREFIX, check_state
@@ -451,6 +451,8 @@ class AdapterEndpoint:
             return await read_body(request, self.max_bytes, what="adapter body")
         except TooLargeError as exc:
             raise AdapterRejected("too_large", str(exc)) from None
+        except BodyTimeoutError as exc:
+            raise AdapterRejected("invalid", str(exc)) from None
 
 
 # The PUT route reads its headers and raw body itself (to refuse before reading the body); this

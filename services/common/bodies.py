@@ -9,24 +9,45 @@ decompress no request bodies, and the decoders of HTTP clients (httpx, urllib3) 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import zlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
 
-from services.common.errors import TooLargeError
+from services.common.errors import BodyTimeoutError, TooLargeError
 
 # Content-Encoding -> zlib wbits: gzip's header and trailer, or the zlib format HTTP calls "deflate"
 # (RFC 9110 8.4.1.2; what tritonclient's `request_compression_algorithm="deflate"` sends: zlib.compress)
 WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+# The whole body must arrive within this (from the first byte asked for): the largest body a door takes (the
+# reward's 256 MiB, services/common/args.py) needs about 2 s at the 1 Gb/s a cluster link gives at the least,
+# so 120 s only ever stops a stalled or trickling client, which would otherwise hold its connection for ever.
+BODY_TIMEOUT_S = 120.0
 
 
-async def read_body(request: Request, max_bytes: int, *, decode: bool = False, what: str = "request body") -> bytes:
-    """The body of `request`, at most `max_bytes` (TooLargeError past it, before reading further). With
-    `decode`, a gzip or deflate Content-Encoding is undone with `max_bytes` bounding the decompressed bytes
-    too (ValueError for any other encoding, or bytes that do not decompress)."""
+async def _chunks(request: Request, timeout_s: float, what: str) -> AsyncIterator[bytes]:
+    """`request.stream()`, refused with BodyTimeoutError once `timeout_s` has passed."""
+    loop = asyncio.get_running_loop()
+    deadline, chunks = loop.time() + timeout_s, request.stream().__aiter__()
+    while True:
+        try:
+            yield await asyncio.wait_for(chunks.__anext__(), max(deadline - loop.time(), 0.0))
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise BodyTimeoutError(f"{what}: not received within {timeout_s:g} s") from None
+
+
+async def read_body(request: Request, max_bytes: int, *, decode: bool = False, what: str = "request body",
+                    timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The body of `request`, at most `max_bytes` (TooLargeError past it, before reading further), all of it
+    within `timeout_s` (BodyTimeoutError). With `decode`, a gzip or deflate Content-Encoding is undone with
+    `max_bytes` bounding the decompressed bytes too (ValueError for any other encoding, or bytes that do not
+    decompress)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
         raise TooLargeError(f"{what}: Content-Length {declared} is over the limit of {max_bytes} bytes")
@@ -38,7 +59,7 @@ async def read_body(request: Request, max_bytes: int, *, decode: bool = False, w
     else:
         raise ValueError(f"Content-Encoding: {encoding!r} is not supported (gzip, deflate)")
     received, body = 0, bytearray()
-    async for chunk in request.stream():
+    async for chunk in _chunks(request, timeout_s, what):
         received += len(chunk)
         if received > max_bytes:
             raise TooLargeError(f"{what}: over the limit of {max_bytes} bytes")

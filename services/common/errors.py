@@ -16,6 +16,11 @@ class TooLargeError(ValueError):
     """A request (body, message, tensor) over a size limit -> RESOURCE_EXHAUSTED (HTTP 413)."""
 
 
+class BodyTimeoutError(TimeoutError):
+    """A request body that did not arrive within its deadline (a stalled or trickling client) ->
+    DEADLINE_EXCEEDED (HTTP 408)."""
+
+
 class UnavailableError(RuntimeError):
     """The server cannot take the request now (shutting down, not ready) -> UNAVAILABLE."""
 
@@ -24,6 +29,8 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
     """The gRPC status code of an exception raised by a handler."""
     if isinstance(exc, TooLargeError):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(exc, BodyTimeoutError):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
     if isinstance(exc, (ValueError, TypeError)):
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(exc, KeyError):

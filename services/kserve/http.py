@@ -49,7 +49,7 @@ from services.common.errors import TooLargeError, message_for, status_for
 HEADER_LENGTH = "Inference-Header-Content-Length"
 INDEX_BODY_BYTES = 64 << 10   # a repository index request is {"ready": true}
 HTTP_STATUS = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "UNAVAILABLE": 503, "UNIMPLEMENTED": 501,
-               "FAILED_PRECONDITION": 400, "RESOURCE_EXHAUSTED": 413}
+               "FAILED_PRECONDITION": 400, "RESOURCE_EXHAUSTED": 413, "DEADLINE_EXCEEDED": 408}
 
 
 def _error(exc: BaseException) -> JSONResponse:
