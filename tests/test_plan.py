@@ -181,14 +181,26 @@ def test_trainer_ranks_follow_the_trainer_s_rule_not_the_epoch_s_samples():
 
 
 def test_plans_that_do_not_fit_in_memory(monkeypatch):
-    with pytest.raises(P.PlanError, match=r"does not fit on one H100 SXM .*train\.micro_batch=3"):
-        _plan("sd3.5-large", gpu="h100")
-    # with the micro-batch it names, the disaggregated trainer fits and is chosen
-    p = _plan("sd3.5-large", gpu="h100", sets=["train.micro_batch=3"])
-    assert p.best.kind == "disaggregated" and any("colocated does not fit" in n for n in p.notes)
-    monkeypatch.setitem(P.GPUS, "small", P.Gpu("small", {"bf16": 100.0, "fp8": None, "fp4": None}, 24.0))
+    """SD3.5-L's trainer (micro-batch 4 at 1024 px) fits an H100 only with gradient checkpointing: the plan turns it
+    on there, prices the recomputation and says why; on a B200 it stays off. A split where a role cannot fit is
+    refused naming each role and by how much."""
+    h100, b200 = _plan("sd3.5-large", gpu="h100"), _plan("sd3.5-large")
+    usable = 80 * P.USABLE_HBM
+    assert h100.best.fits and h100.gradient_checkpointing and not b200.gradient_checkpointing
+    assert h100.memory.role("trainer") > usable > h100.memory.checkpointed().role("trainer")
+    assert any("gradient checkpointing on: without it the trainer's GPU needs" in n for n in h100.notes)
+    # every trainable forward runs again in the backward: 6 forward-equivalents a row instead of 5
+    assert h100.colocated.stage_s["train"] == pytest.approx(h100.stage_one_gpu_s["train"] / 8 * 6 / 5)
+    assert P.plan_dict(h100)["gradient_checkpointing"] is True
+    monkeypatch.setitem(P.GPUS, "small", P.Gpu("small", {"bf16": 100.0, "fp8": 200.0, "fp4": None}, 40.0))
+    with pytest.raises(P.PlanError, match=r"flux1-dev does not fit on one small \(40 GB, 38 usable\) in any layout, "
+                                          r"even with gradient checkpointing: .*disaggregated: explorer 48 GB, 10 GB over"
+                                          r", trainer 43 GB, 5 GB over. Try --set train.micro_batch=4 and a smaller "
+                                          r"rollout.micro_batch"):
+        _plan("flux1-dev", gpu="small", layout="disaggregated")
+    monkeypatch.setitem(P.GPUS, "tiny", P.Gpu("tiny", {"bf16": 100.0, "fp8": None, "fp4": None}, 24.0))
     with pytest.raises(P.PlanError, match="BF16 weights and text encoders alone take 34 GB"):
-        _plan("flux1-dev", gpu="small")
+        _plan("flux1-dev", gpu="tiny")
 
 
 def test_other_bad_input():
