@@ -396,22 +396,48 @@ def lora_param_count(module) -> int:
     return module.in_features + module.out_features
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """Parameter counts of a denoiser that the memory model needs, from the real selections: the layers the
+    explorer's precision backend quantizes and the LoRA targets of solrl.adapters.merge.lora_targets."""
+
+    params: int                   # every parameter (every expert)
+    quantized_params: int         # weights of the quantized layers
+    quantized_layers: int
+    lora_params: int              # one adapter
+    target_params: int            # weights of the LoRA targets
+    largest_target: int
+    quantized_target_params: int  # target weights in quantized layers
+
+
+def denoiser_sizes(module, precision, lora_targets: tuple[str, ...], lora_rank: int) -> Sizes:
+    """`module`'s Sizes under a PrecisionConfig (with the model's skips applied) and LoRA targets / rank."""
+    from solrl.adapters.lora import LoraSpec
+    from solrl.adapters.merge import lora_targets as select_targets
+    from solrl.precision import build_backend
+
+    selected = build_backend(precision).selected_layers(module)
+    targets = select_targets(module, LoraSpec(rank=lora_rank, target_modules=tuple(lora_targets)))
+    weights = {n: module.get_submodule(n).weight.numel() for n in selected}
+    target = {n: m.weight.numel() for n, m in targets.items()}
+    return Sizes(sum(p.numel() for p in module.parameters()), sum(weights.values()), len(weights),
+                 lora_rank * sum(lora_param_count(m) for m in targets.values()), sum(target.values()),
+                 max(target.values(), default=0), sum(v for n, v in weights.items() if n in target))
+
+
 @lru_cache(maxsize=32)
 def model_facts(name: str, precision_json: str, lora_targets: tuple[str, ...], lora_rank: int) -> ModelFacts:
     """Work and sizes of model `name` under an explorer precision (a PrecisionConfig as JSON, cached by it):
     the layers that precision quantizes under the model's skip rules, their MACs and parameters, and the LoRA
     targets the adapters' own selection picks."""
-    from solrl.adapters.lora import LoraSpec
-    from solrl.adapters.merge import lora_targets as select_targets
     from solrl.precision import PrecisionConfig, build_backend
     from solrl.precision.base import denoiser_blocks, with_model_skips
 
     d = denoiser(name)
     pc = PrecisionConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(precision_json).items()})
     pc = with_model_skips(pc, d.quant_skip, d.quant_min_features)
-    selected = build_backend(pc).selected_layers(d.module)
     module = d.module
-    targets = select_targets(module, LoraSpec(rank=lora_rank, target_modules=tuple(lora_targets or d.lora_targets)))
+    sizes = denoiser_sizes(module, pc, lora_targets or d.lora_targets, lora_rank)
     conv = sum(d.layer_macs.values()) - d.linear_macs
     if name == "shapes":  # measured: the UNet's layer MACs and its attention products
         forward = Forward(d.linear_macs, conv, attention_macs(module, d.run), d.resolution ** 2,
@@ -421,13 +447,9 @@ def model_facts(name: str, precision_json: str, lora_targets: tuple[str, ...], l
         conv = forward.conv_macs   # the Conv3d patch embedding (layer hooks count Linear and Conv2d)
     else:
         forward = denoiser_forward(name)
-    weights = [module.get_submodule(n).weight.numel() for n in selected]
-    return ModelFacts(name, forward, sum(d.layer_macs.get(n, 0) for n in selected),
-                      sum(p.numel() for p in module.parameters()), sum(weights),
-                      lora_rank * sum(lora_param_count(m) for m in targets.values()), d.resolution,
-                      (d.linear_macs, conv), len(weights), sum(m.weight.numel() for m in targets.values()),
-                      max((m.weight.numel() for m in targets.values()), default=0),
-                      sum(module.get_submodule(n).weight.numel() for n in selected if n in targets), prompt_bytes(name))
+    quantized_macs = sum(d.layer_macs.get(n, 0) for n in build_backend(pc).selected_layers(module))
+    return ModelFacts(name, forward, quantized_macs, resolution=d.resolution, measured_macs=(d.linear_macs, conv),
+                      prompt_bytes=prompt_bytes(name), **dataclasses.asdict(sizes))
 
 
 def prompt_bytes(name: str) -> int:
