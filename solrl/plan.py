@@ -30,13 +30,19 @@ efficiencies calibrated against the paper's timing table (docs/method.md, 8x B20
   step can be ranks (`ddp.max_ranks`, the rule the trainer enforces). Disaggregated, the regenerators take
   each prompt as soon as it is explored (the queue streams them), so the rollout takes the slower of the two
   stages plus one prompt of the other; training needs the whole batch (advantages use the batch's std) and comes after.
-- Memory per GPU (rough): BF16 weights (shared by the roles of one GPU), the explorer's quantized copy,
-  text encoders and VAE, the reward model, LoRA states, and activations: sampling micro-batch x tokens x
-  width x 16 bytes, training micro-batch x tokens x width x blocks x 34 bytes (the BF16 per-layer estimate
-  of Korthikanti et al. 2022 with flash attention; the trainer does not checkpoint activations).
+- Memory per GPU, role by role, as each process holds it (`MemoryModel`): the BF16 denoiser (one copy per
+  process: the regenerator's adapter versions share it), the explorer's Transformer Engine cache of its quantized
+  layers and the LoRA targets' BF16 originals it re-merges from, the trainer's three FP32 adapters (trainable, old,
+  EMA), gradients, AdamW moments and DDP / NCCL buffers, the text encoders and VAE on every model role's GPU, the
+  reward's scorer; weights and states are exact parameter counts (tests/test_plan_memory.py holds them against the
+  real objects). Activations are a model (the constants' comment gives the source): training per token x width x
+  block, with and without gradient checkpointing; the plan turns checkpointing on where the trainer (or the
+  colocated process) would not fit without it (`Layout.gradient_checkpointing`, the plan's `gradient_checkpointing`)
+  and prices the recomputation (one more forward a trained row). A layout that does not fit names each role and by
+  how much.
 
 Not modelled: the sync (merging the LoRA and re-quantizing reads the weights once: well under a second),
-network transfer and data-parallel communication (a stage spread over g GPUs is g times faster, up to
+network transfer and data-parallel communication time (a stage spread over g GPUs is g times faster, up to
 its granularity), the LoRA layers' own FLOPs (about 1-3% of a forward at rank 32), eval (reported
 amortized, outside the epoch), FSDP (each trainer rank holds the whole base model; DDP over the LoRA).
 """

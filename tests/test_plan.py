@@ -3,6 +3,7 @@ layouts and the errors on bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
@@ -275,3 +276,39 @@ def test_cli(tmp_path, capsys):
     assert main(["plan", "--calibrate", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "plan.md").read_text()
     assert "| sd3.5-large | naive rollout | 451 |" in md and (tmp_path / "plan.json").exists()
+
+
+PLAN_RESULTS = sorted((ROOT / "benchmarks" / "results").glob("plan_*_*.md"))
+
+
+@pytest.mark.parametrize("path", PLAN_RESULTS, ids=lambda p: p.stem)
+def test_committed_plans_are_what_solrl_plan_prints(path, capsys):
+    """benchmarks/results/plan_<preset>_<gpu>.md (the plans docs/deploy.md quotes) equal their command's output,
+    and each places every role of its two-stage preset on 8 GPUs of its kind."""
+    import re
+    import shlex
+
+    text = path.read_text()
+    command = shlex.split(re.match(r"# `(solrl plan [^`]+)`", text).group(1))
+    assert main(command[1:]) == 0
+    out = capsys.readouterr().out
+    assert text.split("```text\n", 1)[1].split("```", 1)[0] == out, f"{path.name}: rerun its command"
+    assert "best: " in out and "explorer " in out and "trainer " in out and "reward " in out
+
+
+def test_the_real_presets_fit_8_gpus_of_each_kind():
+    """SD3.5-Large and FLUX.1-dev's two-stage presets fit 8x H100 (80 GB) and 8x B200 in a colocated and a
+    disaggregated layout; where the trainer would not fit without gradient checkpointing the plan turns it on."""
+    for model in ("sd3.5-large", "flux1-dev"):
+        for gpu in ("h100", "b200"):
+            p = _plan(model, gpu=gpu)
+            usable = P.GPUS[gpu].hbm_gb * P.USABLE_HBM
+            for x in (p.colocated, p.disaggregated):
+                assert x is not None and x.fits and not x.over_gb
+                roles = p.role_memory(x)
+                assert all(sum(parts.values()) <= usable for parts in roles.values())
+                m = p.memory.checkpointed() if x.gradient_checkpointing else p.memory
+                if x.gradient_checkpointing:   # on only where it is needed
+                    role = "colocated" if x.kind == "colocated" else "trainer"
+                    assert dataclasses.replace(m, checkpointing=False).role(role, x.trainer_ranks) > usable
+            assert p.gradient_checkpointing == (gpu == "h100" or model == "flux1-dev")
