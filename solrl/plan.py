@@ -1073,9 +1073,9 @@ def make_plan(cfg: RunConfig, preset: str, gpu_kind: str, gpus: int, *, layout: 
         notes.append("no disaggregated split fits in memory, even with gradient checkpointing: " + _over_text(dis[0]))
     if best.gradient_checkpointing:
         plain = mem.role("colocated" if best.kind == "colocated" else "trainer", best.trainer_ranks)
-        notes.append(f"gradient checkpointing on: without it the trainer's GPU needs {plain:.1f} GB "
-                     f"({hbm * USABLE_HBM:.1f} usable); it recomputes every trainable forward "
-                     f"(training x{mem.checkpointed().train_time_factor:.2f}, priced in)")
+        notes.append(f"gradient checkpointing on: without it the trainer's GPU needs {plain:.1f} GB, "
+                     f"{plain - hbm * USABLE_HBM:.2g} GB beyond the {hbm * USABLE_HBM:.1f} usable; it recomputes every "
+                     f"trainable forward (training x{mem.checkpointed().train_time_factor:.2f}, priced in)")
     if colo is not None and colo.trainer_ranks < gpus:
         notes.append(f"an optimizer step can hold as few as {most} samples ({recipe.ranks_rule}): the trainer "
                      f"uses {colo.trainer_ranks} of the {gpus} GPUs")
