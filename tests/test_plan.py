@@ -312,3 +312,8 @@ def test_the_real_presets_fit_8_gpus_of_each_kind():
                     role = "colocated" if x.kind == "colocated" else "trainer"
                     assert dataclasses.replace(m, checkpointing=False).role(role, x.trainer_ranks) > usable
             assert p.gradient_checkpointing == (gpu == "h100" or model == "flux1-dev")
+            # the hopper / b200 overlays' plan component for this preset (was refused on H100: "does not fit")
+            dis = _plan(model, gpu=gpu, layout="disaggregated")
+            doc = yaml.safe_load(P.emit(dis, "kustomize", ["rollout.explore_precision.backend=fp8"]))
+            assert {r["name"]: r["count"] for r in doc["replicas"]} == {"explorer": dis.best.explorers,
+                                                                         "regenerator": dis.best.regenerators}
