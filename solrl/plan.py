@@ -336,7 +336,7 @@ def wan_denoiser(name: str):
             return module.transformer(hidden_states=torch.zeros(shape), timestep=torch.tensor([500.0]),
                                       encoder_hidden_states=torch.zeros(1, fam.max_sequence_length,
                                                                         config["text_dim"]))
-    return module, run, fam, shape
+    return module, run, fam
 
 
 def wan_forward(name: str, linear_macs: int) -> Forward:
@@ -372,7 +372,7 @@ def denoiser(name: str) -> Denoiser:
         skip, min_features, targets, resolution = (spec.quant_skip, spec.quant_min_features, spec.lora_targets,
                                                    spec.latent_shape[-1])
     elif name in WAN_ARCHITECTURES:
-        module, run, fam, _ = wan_denoiser(name)
+        module, run, fam = wan_denoiser(name)
         skip, min_features, targets = fam.quant_skip, fam.quant_min_features, fam.lora_targets
         resolution = int(math.sqrt(fam.height * fam.width))
     else:
