@@ -30,13 +30,19 @@ efficiencies calibrated against the paper's timing table (docs/method.md, 8x B20
   step can be ranks (`ddp.max_ranks`, the rule the trainer enforces). Disaggregated, the regenerators take
   each prompt as soon as it is explored (the queue streams them), so the rollout takes the slower of the two
   stages plus one prompt of the other; training needs the whole batch (advantages use the batch's std) and comes after.
-- Memory per GPU (rough): BF16 weights (shared by the roles of one GPU), the explorer's quantized copy,
-  text encoders and VAE, the reward model, LoRA states, and activations: sampling micro-batch x tokens x
-  width x 16 bytes, training micro-batch x tokens x width x blocks x 34 bytes (the BF16 per-layer estimate
-  of Korthikanti et al. 2022 with flash attention; the trainer does not checkpoint activations).
+- Memory per GPU, role by role, as each process holds it (`MemoryModel`): the BF16 denoiser (one copy per
+  process: the regenerator's adapter versions share it), the explorer's Transformer Engine cache of its quantized
+  layers and the LoRA targets' BF16 originals it re-merges from, the trainer's three FP32 adapters (trainable, old,
+  EMA), gradients, AdamW moments and DDP / NCCL buffers, the text encoders and VAE on every model role's GPU, the
+  reward's scorer; weights and states are exact parameter counts (tests/test_plan_memory.py holds them against the
+  real objects). Activations are a model (the constants' comment gives the source): training per token x width x
+  block, with and without gradient checkpointing; the plan turns checkpointing on where the trainer (or the
+  colocated process) would not fit without it (`Layout.gradient_checkpointing`, the plan's `gradient_checkpointing`)
+  and prices the recomputation (one more forward a trained row). A layout that does not fit names each role and by
+  how much.
 
 Not modelled: the sync (merging the LoRA and re-quantizing reads the weights once: well under a second),
-network transfer and data-parallel communication (a stage spread over g GPUs is g times faster, up to
+network transfer and data-parallel communication time (a stage spread over g GPUs is g times faster, up to
 its granularity), the LoRA layers' own FLOPs (about 1-3% of a forward at rank 32), eval (reported
 amortized, outside the epoch), FSDP (each trainer rank holds the whole base model; DDP over the LoRA).
 """
@@ -75,7 +81,6 @@ GPUS: dict[str, Gpu] = {
 }
 REFERENCE_GPU = "b200"        # the paper's machine: the per-image overhead is fitted there
 USABLE_HBM = 0.95             # the rest: CUDA context, allocator fragmentation
-BYTES_PER_PARAM = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5625}   # NVFP4: 4-bit values + one E4M3 scale per 16
 
 
 def get_gpu(kind: str) -> Gpu:
@@ -181,8 +186,9 @@ PIXELS_PER_TOKEN = {"sana1.5-1.6b": 32, "sd3.5-large": 16, "flux1-dev": 16}
 def text_tokens(name: str) -> int:
     """Text tokens the denoiser attends to: the pipeline's default length (SD3.5 adds CLIP's 77 to T5's)."""
     from solrl.models.diffusers_t2i import FAMILIES
+    from solrl.models.wan import WAN_FAMILIES
 
-    n = FAMILIES[name].max_sequence_length
+    n = {**FAMILIES, **WAN_FAMILIES}[name].max_sequence_length
     return n + 77 if name == "sd3.5-large" else n
 
 
@@ -200,14 +206,53 @@ def denoiser_forward(name: str, resolution: int | None = None) -> Forward:
 
 # -------------------------------------------------------------------- model facts (work, quantized share, sizes)
 
-# Other components' parameters, billions (published model cards; rough): text encoders and VAE.
-COMPONENT_PARAMS_B = {
-    "sana1.5-1.6b": 2.61 + 0.32,          # Gemma-2 2B, DC-AE f32c32
-    "sd3.5-large": 0.12 + 0.69 + 4.76 + 0.08,   # CLIP-L, OpenCLIP bigG, T5-XXL encoder, VAE
-    "flux1-dev": 0.12 + 4.76 + 0.08,      # CLIP-L, T5-XXL encoder, VAE
-    "shapes": 0.0,
+@dataclass(frozen=True)
+class Component:
+    """A model piece beside the denoiser that a process holds: its parameters (exact, from its published config;
+    tests/test_plan_memory.py instantiates each config on the meta device and counts) and bytes per parameter."""
+
+    name: str
+    params: int
+    bytes_per_param: int = 2    # BF16, as the pipelines load on CUDA
+
+    @property
+    def gb(self) -> float:
+        return self.params * self.bytes_per_param / 1e9
+
+
+# Text encoders and VAE of each model (the diffusers pipeline's components), on the device of every role that
+# loads the pipeline: the explorer, the regenerator and the trainer (`pipe.to(device)`; none is offloaded).
+_CLIP_L_PROJ, _BIGG_PROJ = Component("CLIP-L text encoder", 123_650_304), Component("OpenCLIP bigG text encoder",
+                                                                                     694_659_840)
+_T5_XXL, _VAE16 = Component("T5-XXL encoder", 4_762_310_656), Component("VAE", 83_819_683)
+COMPONENTS: dict[str, tuple[Component, ...]] = {
+    "sd3.5-large": (_CLIP_L_PROJ, _BIGG_PROJ, _T5_XXL, _VAE16),
+    "flux1-dev": (Component("CLIP-L text encoder", 123_060_480), _T5_XXL, _VAE16),
+    "sana1.5-1.6b": (Component("Gemma-2 2B", 2_614_341_888), Component("DC-AE", 362_893_923)),
+    # the Wan VAE in FP32, as diffusers' Wan examples load it (solrl/models/wan.py)
+    "wan2.2-t2v-a14b": (Component("UMT5-XXL encoder", 5_680_910_336), Component("VAE (FP32)", 126_892_531, 4)),
+    "shapes": (),
 }
-REWARD_PARAMS_B = {"hpsv2": 0.99, "pickscore": 0.99, "clipscore": 0.43, "imagereward": 0.45, "hpsv3": 8.3}
+# Reward models (the scorer's weights; CLIP scorers load in FP32: solrl/rewards/clip.py, hps.py). hpsv2 and
+# pickscore are CLIP ViT-H-14, clipscore CLIP ViT-L/14 (exact, from their configs); imagereward (BLIP) and hpsv3
+# (Qwen2-VL 7B, BF16 in its YAML config) are the published sizes.
+REWARD_MODELS: dict[str, Component] = {
+    "hpsv2": Component("HPSv2 (CLIP ViT-H-14, FP32)", 986_109_441, 4),
+    "pickscore": Component("PickScore (CLIP ViT-H-14, FP32)", 986_109_441, 4),
+    "clipscore": Component("CLIPScore (CLIP ViT-L/14, FP32)", 427_616_513, 4),
+    "imagereward": Component("ImageReward (BLIP, FP32)", 450_000_000, 4),
+    "hpsv3": Component("HPSv3 (Qwen2-VL 7B, BF16)", 8_300_000_000, 2),
+}
+
+# Wan2.2 T2V-A14B's experts (`transformer/config.json` and `transformer_2/config.json` of
+# Wan-AI/Wan2.2-T2V-A14B-Diffusers: the same architecture twice); one forward runs one expert at the family's
+# default clip (81 frames at 480x832: 21 latent frames of 60x104, 2x2 patches).
+WAN_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "wan2.2-t2v-a14b": {"patch_size": (1, 2, 2), "num_attention_heads": 40, "attention_head_dim": 128,
+                        "in_channels": 16, "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 13824,
+                        "num_layers": 40, "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6,
+                        "rope_max_seq_len": 1024},
+}
 
 
 @dataclass(frozen=True)
@@ -215,16 +260,25 @@ class ModelFacts:
     name: str
     forward: Forward
     quantized_macs: int       # Linear MACs in the layers the explorer's precision quantizes
-    params: int               # denoiser parameters
+    params: int               # denoiser parameters (every expert)
     quantized_params: int     # in those layers
-    lora_params: int
-    resolution: int
+    lora_params: int          # of one adapter, on the targets the real selection picks (solrl.adapters.merge)
+    resolution: int           # the side of a square with the decoded image's pixels
     measured_macs: tuple[int, int] = (0, 0)   # (Linear, Conv2d) MACs counted by layer hooks: the analytic check
+    quantized_layers: int = 0
+    target_params: int = 0    # weights of the LoRA target layers (the originals the explorer keeps to re-merge)
+    largest_target: int = 0   # the largest target weight (merged one at a time in FP32 during a push)
+    quantized_target_params: int = 0   # target weights in quantized layers
+    prompt_bytes: int = 0     # one prompt's text embeddings in BF16 (what the prompt cache holds a prompt)
 
     @property
     def quantized_share(self) -> float:
         """Share of the forward's FLOPs (attention included) that runs in the low-precision format."""
         return 2.0 * self.quantized_macs / self.forward.flops
+
+    @property
+    def components(self) -> tuple[Component, ...]:
+        return COMPONENTS.get(self.name, ())
 
 
 def attention_macs(module, run) -> int:
@@ -263,6 +317,41 @@ class Denoiser:
     resolution: int
 
 
+def wan_denoiser(name: str):
+    """Wan2.2 A14B's two experts on the meta device (solrl.models.wan.WanExperts, as the model holds them) and one
+    forward of the high-noise expert at the family's default clip."""
+    import diffusers
+    import torch
+
+    from solrl.models.wan import WAN_FAMILIES, WanExperts
+
+    fam, config = WAN_FAMILIES[name], WAN_ARCHITECTURES[name]
+    with torch.device("meta"):
+        module = WanExperts(*(diffusers.WanTransformer3DModel(**config) for _ in WanExperts.EXPERTS))
+    frames = (fam.frames - 1) // 4 + 1
+    shape = (1, config["in_channels"], frames, fam.height // 8, fam.width // 8)
+
+    def run():
+        with torch.device("meta"):
+            return module.transformer(hidden_states=torch.zeros(shape), timestep=torch.tensor([500.0]),
+                                      encoder_hidden_states=torch.zeros(1, fam.max_sequence_length,
+                                                                        config["text_dim"]))
+    return module, run, fam
+
+
+def wan_forward(name: str, linear_macs: int) -> Forward:
+    """Wan's forward: the Linear MACs as layer hooks count them on the meta device, the Conv3d patch embedding
+    (X C_in p_t p_h p_w D) and per block self-attention 2 X^2 D and cross-attention 2 X T D (T text tokens)."""
+    from solrl.models.wan import WAN_FAMILIES
+
+    fam, c = WAN_FAMILIES[name], WAN_ARCHITECTURES[name]
+    pt, ph, pw = c["patch_size"]
+    x = ((fam.frames - 1) // 4 + 1) // pt * (fam.height // 8 // ph) * (fam.width // 8 // pw)
+    d, t, layers = c["num_attention_heads"] * c["attention_head_dim"], fam.max_sequence_length, c["num_layers"]
+    return Forward(linear_macs, x * c["in_channels"] * pt * ph * pw * d, layers * (2 * x * x * d + 2 * x * t * d),
+                   x, d, layers)
+
+
 @lru_cache(maxsize=8)
 def denoiser(name: str) -> Denoiser:
     """The registered model's denoiser; shapes is loaded (its bundled weights) and counted on one real forward."""
@@ -280,13 +369,19 @@ def denoiser(name: str) -> Denoiser:
 
         def run():
             return model.velocity(module, x, torch.tensor([0.5]), cond)
-
         skip, min_features, targets, resolution = (spec.quant_skip, spec.quant_min_features, spec.lora_targets,
                                                    spec.latent_shape[-1])
+    elif name in WAN_ARCHITECTURES:
+        module, run, fam = wan_denoiser(name)
+        skip, min_features, targets = fam.quant_skip, fam.quant_min_features, fam.lora_targets
+        resolution = int(math.sqrt(fam.height * fam.width))
     else:
-        from solrl.models.architectures import meta_denoiser
+        from solrl.models.architectures import ARCHITECTURES, meta_denoiser
         from solrl.models.diffusers_t2i import FAMILIES
 
+        if name not in ARCHITECTURES:
+            raise PlanError(f"no architecture for {name!r} to plan; models: "
+                            f"{sorted([*ARCHITECTURES, *WAN_ARCHITECTURES, 'shapes'])}")
         module, run = meta_denoiser(name)
         fam = FAMILIES[name]
         skip, min_features, targets, resolution = (fam.quant_skip, fam.quant_min_features, fam.lora_targets,
@@ -296,31 +391,84 @@ def denoiser(name: str) -> Denoiser:
     return Denoiser(module, run, macs, linear, tuple(skip), min_features, tuple(targets), resolution)
 
 
+def lora_param_count(module) -> int:
+    """Parameters of one LoRA adapter on `module` (a LoRA target): A [r, in] and B [out, r] of a Linear; a
+    convolution's A has its kernel, its B is 1x1 (peft's layers)."""
+    import torch
+
+    if isinstance(module, torch.nn.Conv2d):
+        k = module.kernel_size[0] * module.kernel_size[1]
+        return module.in_channels // module.groups * k + module.out_channels
+    return module.in_features + module.out_features
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Parameter counts of a denoiser that the memory model needs, from the real selections: the layers the
+    explorer's precision backend quantizes and the LoRA targets of solrl.adapters.merge.lora_targets."""
+
+    params: int                   # every parameter (every expert)
+    quantized_params: int         # weights of the quantized layers
+    quantized_layers: int
+    lora_params: int              # one adapter
+    target_params: int            # weights of the LoRA targets
+    largest_target: int
+    quantized_target_params: int  # target weights in quantized layers
+
+
+def denoiser_sizes(module, precision, lora_targets: tuple[str, ...], lora_rank: int) -> Sizes:
+    """`module`'s Sizes under a PrecisionConfig (with the model's skips applied) and LoRA targets / rank."""
+    from solrl.adapters.lora import LoraSpec
+    from solrl.adapters.merge import lora_targets as select_targets
+    from solrl.precision import build_backend
+
+    selected = build_backend(precision).selected_layers(module)
+    targets = select_targets(module, LoraSpec(rank=lora_rank, target_modules=tuple(lora_targets)))
+    weights = {n: module.get_submodule(n).weight.numel() for n in selected}
+    target = {n: m.weight.numel() for n, m in targets.items()}
+    return Sizes(sum(p.numel() for p in module.parameters()), sum(weights.values()), len(weights),
+                 lora_rank * sum(lora_param_count(m) for m in targets.values()), sum(target.values()),
+                 max(target.values(), default=0), sum(v for n, v in weights.items() if n in target))
+
+
 @lru_cache(maxsize=32)
 def model_facts(name: str, precision_json: str, lora_targets: tuple[str, ...], lora_rank: int) -> ModelFacts:
     """Work and sizes of model `name` under an explorer precision (a PrecisionConfig as JSON, cached by it):
-    the layers that precision quantizes under the model's skip rules, their MACs and parameters."""
-    import torch
-
+    the layers that precision quantizes under the model's skip rules, their MACs and parameters, and the LoRA
+    targets the adapters' own selection picks."""
     from solrl.precision import PrecisionConfig, build_backend
     from solrl.precision.base import denoiser_blocks, with_model_skips
 
     d = denoiser(name)
     pc = PrecisionConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(precision_json).items()})
     pc = with_model_skips(pc, d.quant_skip, d.quant_min_features)
-    selected = [n for n in build_backend(pc).selected_layers(d.module) if n in d.layer_macs]
-    module, targets = d.module, lora_targets or d.lora_targets
-    lora = sum(lora_rank * (m.in_features + m.out_features) for n, m in module.named_modules()
-               if isinstance(m, torch.nn.Linear) and any(n == t or n.endswith("." + t) for t in targets))
+    module = d.module
+    sizes = denoiser_sizes(module, pc, lora_targets or d.lora_targets, lora_rank)
     conv = sum(d.layer_macs.values()) - d.linear_macs
     if name == "shapes":  # measured: the UNet's layer MACs and its attention products
         forward = Forward(d.linear_macs, conv, attention_macs(module, d.run), d.resolution ** 2,
                           max(module.config.block_out_channels), len(denoiser_blocks(module)))
+    elif name in WAN_ARCHITECTURES:
+        forward = wan_forward(name, d.linear_macs)
+        conv = forward.conv_macs   # the Conv3d patch embedding (layer hooks count Linear and Conv2d)
     else:
         forward = denoiser_forward(name)
-    return ModelFacts(name, forward, sum(d.layer_macs[n] for n in selected), sum(p.numel() for p in module.parameters()),
-                      sum(module.get_submodule(n).weight.numel() for n in selected), lora, d.resolution,
-                      (d.linear_macs, conv))
+    quantized_macs = sum(d.layer_macs.get(n, 0) for n in build_backend(pc).selected_layers(module))
+    return ModelFacts(name, forward, quantized_macs, resolution=d.resolution, measured_macs=(d.linear_macs, conv),
+                      prompt_bytes=prompt_bytes(name), **dataclasses.asdict(sizes))
+
+
+def prompt_bytes(name: str) -> int:
+    """BF16 bytes of one prompt's text embeddings: text tokens x the encoder width, plus a pooled vector."""
+    if name == "shapes":
+        return 0
+    if name in WAN_ARCHITECTURES:
+        return text_tokens(name) * WAN_ARCHITECTURES[name]["text_dim"] * 2
+    from solrl.models.architectures import ARCHITECTURES
+
+    c = ARCHITECTURES[name].config
+    width = c.get("joint_attention_dim") or c["caption_channels"]
+    return (text_tokens(name) * width + c.get("pooled_projection_dim", 0)) * 2
 
 
 # -------------------------------------------------------------------- the recipe
@@ -531,62 +679,155 @@ def _facts(cfg: RunConfig, pc) -> ModelFacts:
 
 # -------------------------------------------------------------------- memory
 
-ACTIVATION_BYTES_TRAIN = 34    # per token x width x block (BF16, flash attention; Korthikanti et al. 2022)
-ACTIVATION_BYTES_SAMPLE = 16   # per token x width: the live tensors of one block while sampling
-LORA_STATE_BYTES = 24          # per LoRA parameter: FP32 weights, grads, two Adam moments, old and EMA copies
+GB = 1e9
+# Activations (models, not measured: no GPU here). Training, per token x width x block: 34 bytes (BF16 with flash
+# attention, Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. 2 without
+# the s^2 attention term); with gradient checkpointing (diffusers' per-block `gradient_checkpointing`) each block
+# keeps only its BF16 input (2 bytes) and one block's 34 bytes live again during its recompute. Sampling: 16 bytes
+# per token x width, the live tensors of one block under no_grad. VAE decode: about 1 KiB per decoded pixel of a
+# decode batch (the decoder's last up block at full resolution: 128 channels x 4 live BF16 tensors).
+ACTIVATION_BYTES_TRAIN = 34
+CHECKPOINT_BYTES = 2
+ACTIVATION_BYTES_SAMPLE = 16
+VAE_DECODE_BYTES = 1024
+# Per parameter of one LoRA adapter, in the trainer (solrl/trainer.py, solrl/adapters/lora.py): three FP32 adapters
+# (the trainable "default", the sampling "old" policy DiffusionNFT's loss compares with, the evaluation "ema"), the
+# FP32 gradient and AdamW's two FP32 moments. The reference policy (kl_beta) is the base with adapters disabled: no
+# copy. With more than one rank DDP adds its FP32 gradient buckets and NCCL its buffers (about half a GB per rank:
+# NCCL_BUFFSIZE 4 MiB x channels x peers, plus the communicator's own).
+TRAINER_LORA_BYTES = {"LoRA adapters: trainable, old, EMA (FP32)": 12, "LoRA gradients (FP32)": 4,
+                      "AdamW moments (FP32)": 8}
+DDP_BUCKET_BYTES, NCCL_GB = 4, 0.5
+# The quantized serving copy Transformer Engine caches per layer: NVFP4 = 4-bit values + an E4M3 scale per 16 + one
+# FP32 tensor scale; FP8 = 1 byte + one FP32 scale (the layout of TE's and torchao's tensors; the test counts them).
+QUANT_BYTES = {"fp4": (0.5625, 4), "fp8": (1.0, 4)}
+ROLES = ("explorer", "regenerator", "trainer", "reward")
 
 
-def reward_params_b(reward: str) -> float:
-    """Billions of parameters of a reward spec's neural models ('hpsv2', 'pickscore:1.0+ocr:0.5')."""
-    return sum(REWARD_PARAMS_B.get(part.split(":")[0].strip(), 0.0) for part in reward.split("+"))
+def reward_components(reward: str) -> tuple[Component, ...]:
+    """The neural scorers of a reward spec ('hpsv2', 'pickscore:1.0+ocr:0.5'); rule-based ones hold no weights."""
+    names = [part.split(":")[0].strip() for part in reward.split("+")]
+    return tuple(REWARD_MODELS[n] for n in names if n in REWARD_MODELS)
 
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """GB (1e9 bytes) of each piece one GPU may hold."""
+    """What each role's process holds on its GPU, in GB (1e9 bytes), piece by piece (`parts`).
 
-    weights_bf16: float
-    weights_explorer: float     # the explorer's quantized copy
-    components: float           # text encoders and VAE
-    reward: float
-    lora_states: float
-    sample_activations: float   # one sampling micro-batch
-    train_activations_per_sample: float
+    explorer (a quantizing backend: Transformer Engine's nvfp4 / fp8): the denoiser in BF16 (the selected layers'
+    BF16 weights live inside te.Linear, the others as they are), TE's cached quantized copy of the selected layers,
+    the LoRA targets' BF16 originals it re-merges every push from (one target at a time in FP32: the push's
+    workspace), in place, no second copy; a BF16 explorer serves the LoRA unmerged like the regenerator.
+    regenerator: one BF16 denoiser shared by every adapter version, the LoRA unmerged in FP32 (two versions
+    during a push). trainer: the frozen BF16 denoiser, the LoRA states (TRAINER_LORA_BYTES), DDP and NCCL buffers
+    with more than one rank, and the training micro-batch's activations, with or without gradient checkpointing.
+    Each of the three holds the text encoders and VAE on its GPU (the prompt cache keeps embeddings on the CPU:
+    `prompt_mb` a prompt); reward: its scorers' weights. Activations: the module constants above."""
+
+    denoiser: float               # BF16, every expert
+    explorer_weights: dict[str, float]   # the explorer's own pieces beyond the BF16 denoiser
+    components: dict[str, float]  # text encoders and VAE
+    reward: dict[str, float]
+    lora: float                   # one adapter in FP32
+    sample_activations: float     # one sampling micro-batch (x2 under CFG)
+    decode_activations: float     # one VAE decode batch
+    train_per_sample: float       # training activations of one row, without checkpointing
+    train_per_sample_checkpointed: float
     train_micro_batch: int
+    train_passes: int             # forward-equivalents per trained row (recomputation adds one)
+    colocated_explorer: float     # what the explorer adds to a process that already holds the BF16 denoiser
+    prompt_mb: float = 0.0        # one prompt's text embeddings (host memory, in the prompt cache)
+    checkpointing: bool = False
 
-    def role(self, role: str) -> float:
-        train = self.lora_states + self.train_micro_batch * self.train_activations_per_sample
-        return {
-            "explorer": self.weights_bf16 + self.weights_explorer + self.components + self.sample_activations,
-            "regenerator": self.weights_bf16 + self.components + self.sample_activations,
-            "trainer": self.weights_bf16 + self.components + train,
-            "reward": self.reward,
-            # one BF16 copy shared by the regenerator and the trainer; stages never run at once
-            "colocated": self.weights_bf16 + self.weights_explorer + self.components + self.reward + self.lora_states
-            + max(self.sample_activations, self.train_micro_batch * self.train_activations_per_sample),
-        }[role]
+    def checkpointed(self) -> MemoryModel:
+        return dataclasses.replace(self, checkpointing=True)
 
-    def max_train_micro_batch(self, hbm_gb: float, colocated: bool) -> int:
+    @property
+    def train_activations(self) -> float:
+        per = self.train_per_sample_checkpointed if self.checkpointing else self.train_per_sample
+        return self.train_micro_batch * per
+
+    @property
+    def train_time_factor(self) -> float:
+        """Training time with checkpointing over without: every trainable forward runs again in the backward."""
+        return (self.train_passes + 1) / self.train_passes if self.checkpointing else 1.0
+
+    def _trainer_states(self, ranks: int) -> dict[str, float]:
+        out = {k: self.lora * b / 4 for k, b in TRAINER_LORA_BYTES.items()}
+        if ranks > 1:
+            out["DDP gradient buckets + NCCL buffers"] = self.lora * DDP_BUCKET_BYTES / 4 + NCCL_GB
+        return out
+
+    def parts(self, role: str, ranks: int = 1) -> dict[str, float]:
+        """GB by piece of one process of `role` (colocated: one process holding every role, as the paper runs)."""
+        activations = "activations (sampling micro-batch, or a VAE decode batch)"
+        sampling = {activations: max(self.sample_activations, self.decode_activations)}
+        train = {f"training activations (micro-batch {self.train_micro_batch}, "
+                 f"{'with' if self.checkpointing else 'no'} gradient checkpointing)": self.train_activations}
+        base = {"denoiser BF16": self.denoiser}
+        if role == "explorer":
+            return {**base, **self.explorer_weights, **self.components, **sampling}
+        if role == "regenerator":
+            return {**base, "LoRA (FP32, unmerged; two versions during a push)": 2 * self.lora, **self.components,
+                    **sampling}
+        if role == "trainer":
+            return {**base, **self._trainer_states(ranks), **self.components, **train}
+        if role == "reward":
+            return dict(self.reward)
+        if role == "colocated":
+            # one process: one BF16 denoiser for every role; the stages run one after another
+            peak = max(self.sample_activations, self.decode_activations, self.train_activations)
+            return {**base, "explorer's quantized layers and merged targets": self.colocated_explorer,
+                    **self._trainer_states(ranks), **self.components, **self.reward, "activations (largest stage)": peak}
+        raise ValueError(f"unknown role {role!r}")
+
+    def role(self, role: str, ranks: int = 1) -> float:
+        return sum(self.parts(role, ranks).values())
+
+    def max_train_micro_batch(self, hbm_gb: float, colocated: bool, ranks: int = 1) -> int:
         """The largest train.micro_batch whose activations fit beside the trainer's (or every role's) weights."""
-        fixed = self.weights_bf16 + self.components + self.lora_states
+        fixed = dataclasses.replace(self, train_micro_batch=0).role("colocated" if colocated else "trainer", ranks)
         if colocated:
-            fixed += self.weights_explorer + self.reward
-        return max(0, int((hbm_gb * USABLE_HBM - fixed) // self.train_activations_per_sample))
+            fixed -= max(self.sample_activations, self.decode_activations)
+        per = dataclasses.replace(self, train_micro_batch=1).train_activations
+        return max(0, int((hbm_gb * USABLE_HBM - fixed) // per))
 
 
 def memory_model(facts: ModelFacts, recipe: Recipe) -> MemoryModel:
-    fwd, gb = facts.forward, 1e-9
-    quant = recipe.explorer_needed and recipe.explore_format != "bf16"
-    explorer = ((facts.params - facts.quantized_params) * 2 + facts.quantized_params
-                * BYTES_PER_PARAM[recipe.explore_format]) * gb if quant else 0.0
+    """The memory model of a recipe (without gradient checkpointing; `MemoryModel.checkpointed()` turns it on)."""
+    fwd = facts.forward
+    explorer: dict[str, float] = {}
+    colocated = 0.0
+    if recipe.explorer_needed and recipe.explore_format in QUANT_BYTES:
+        per, per_tensor = QUANT_BYTES[recipe.explore_format]
+        cache = (facts.quantized_params * per + facts.quantized_layers * per_tensor) / GB
+        fmt = recipe.explore_format.upper().replace("FP4", "NVFP4")
+        explorer = {f"TE's cached {fmt} copy of the {facts.quantized_layers} quantized layers": cache,
+                    "LoRA targets' BF16 originals (to re-merge)": facts.target_params * 2 / GB,
+                    "push: one target merged in FP32": facts.largest_target * 8 / GB}
+        # colocated, the shared base holds the targets' originals; the explorer's own: te.Linear's BF16 weights, the
+        # merged copies of the targets it does not quantize, TE's cache
+        colocated = (facts.quantized_params + facts.target_params - facts.quantized_target_params) * 2 / GB + cache
+    elif recipe.explorer_needed:
+        explorer = {"LoRA (FP32, unmerged; two versions during a push)": 2 * facts.lora_params * 4 / GB}
+    from solrl.models.diffusers_t2i import DiffusersT2I
+    from solrl.models.wan import WanModel
+
+    decode_batch = WanModel.decode_batch if facts.name in WAN_ARCHITECTURES else DiffusersT2I.decode_batch
     return MemoryModel(
-        weights_bf16=facts.params * 2 * gb, weights_explorer=explorer,
-        components=COMPONENT_PARAMS_B.get(facts.name, 0.0) * 2, reward=reward_params_b(recipe.reward) * 2,
-        lora_states=facts.lora_params * LORA_STATE_BYTES * gb,
+        denoiser=facts.params * 2 / GB, explorer_weights=explorer,
+        components={c.name: c.gb for c in facts.components},
+        reward={c.name: c.gb for c in reward_components(recipe.reward)},
+        lora=facts.lora_params * 4 / GB,
         sample_activations=recipe.rollout_micro_batch * recipe.cfg_mult * fwd.tokens * fwd.width
-        * ACTIVATION_BYTES_SAMPLE * gb,
-        train_activations_per_sample=fwd.tokens * fwd.width * fwd.blocks * ACTIVATION_BYTES_TRAIN * gb,
-        train_micro_batch=recipe.train_micro_batch)
+        * ACTIVATION_BYTES_SAMPLE / GB,
+        decode_activations=min(decode_batch, recipe.rollout_micro_batch) * facts.resolution ** 2 * VAE_DECODE_BYTES
+        / GB,
+        train_per_sample=fwd.tokens * fwd.width * fwd.blocks * ACTIVATION_BYTES_TRAIN / GB,
+        train_per_sample_checkpointed=fwd.tokens * fwd.width * (fwd.blocks * CHECKPOINT_BYTES
+                                                                + ACTIVATION_BYTES_TRAIN) / GB,
+        train_micro_batch=recipe.train_micro_batch, train_passes=recipe.train_passes, colocated_explorer=colocated,
+        prompt_mb=facts.prompt_bytes / 1e6)
 
 
 # -------------------------------------------------------------------- layouts
@@ -606,6 +847,8 @@ class Layout:
     memory_gb: dict[str, float]  # per GPU, by role (colocated: one entry)
     fits: bool
     unused: int = 0
+    gradient_checkpointing: bool = False   # the trainer recomputes activations (only where it would not fit)
+    over_gb: dict[str, float] = field(default_factory=dict)   # roles that do not fit: GB beyond the usable memory
 
     @property
     def label(self) -> str:
@@ -615,22 +858,35 @@ class Layout:
                 f"{self.trainer_ranks}, reward {self.reward}" + (f", {self.unused} unused" if self.unused else ""))
 
 
+COLOCATED = "colocated, each GPU"
 COLOCATED_SERVICES = "as services, a process per role (busiest GPU)"
+
+
+def _over(memory: dict[str, float], hbm_gb: float, roles: tuple[str, ...]) -> dict[str, float]:
+    return {k: v - hbm_gb * USABLE_HBM for k, v in memory.items() if k in roles and v > hbm_gb * USABLE_HBM}
+
+
+def with_checkpointing_if_needed(make: Callable[[MemoryModel], Layout], mem: MemoryModel) -> Layout:
+    """The layout without gradient checkpointing if it fits, else with it (the recomputation priced in)."""
+    plain = make(mem)
+    return plain if plain.fits else make(mem.checkpointed())
 
 
 def colocated(st: dict[str, Stage], cal: Calibration, mem: MemoryModel, gpus: int, hbm_gb: float,
               max_ranks: int) -> Layout:
     ranks = min(gpus, max_ranks)
     t = {k: s.seconds(cal, gpus if k != "train" else ranks) for k, s in st.items()}
+    t["train"] *= mem.train_time_factor
     rollout = t.get("explore", 0.0) + t.get("regenerate", 0.0)
-    used = mem.role("colocated")
+    used = mem.role("colocated", ranks)
     # as services (docker-compose.colocated.yml): a process per role on each GPU, each with its own weights, and the
     # reward service on one of them
     roles = ("explorer",) * ("explore" in st) + ("regenerator",) * ("regenerate" in st) + ("trainer", "reward")
+    memory = {COLOCATED: used, COLOCATED_SERVICES: sum(mem.role(r, ranks) for r in roles)}
+    over = _over(memory, hbm_gb, (COLOCATED,))
     return Layout("colocated", gpus, gpus if "explore" in st else 0, gpus if "regenerate" in st else 0, ranks, gpus,
-                  {**t, "rollout": rollout}, rollout + t["train"], rollout + t["train"],
-                  {"colocated, each GPU": used, COLOCATED_SERVICES: sum(mem.role(r) for r in roles)},
-                  used <= hbm_gb * USABLE_HBM)
+                  {**t, "rollout": rollout}, rollout + t["train"], rollout + t["train"], memory, not over,
+                  gradient_checkpointing=mem.checkpointing, over_gb=over)
 
 
 def disaggregated(st: dict[str, Stage], cal: Calibration, mem: MemoryModel, explorers: int, regenerators: int,
@@ -646,15 +902,16 @@ def disaggregated(st: dict[str, Stage], cal: Calibration, mem: MemoryModel, expl
         rollout = max(t.values()) + fill
     else:
         rollout = sum(t.values())
-    t["train"] = st["train"].seconds(cal, trainer_ranks)
+    t["train"] = st["train"].seconds(cal, trainer_ranks) * mem.train_time_factor
     memory = {"explorer": mem.role("explorer")} if explorers else {}
     if regenerators:
         memory["regenerator"] = mem.role("regenerator")
-    memory.update({"trainer": mem.role("trainer"), "reward": mem.role("reward")})
+    memory.update({"trainer": mem.role("trainer", trainer_ranks), "reward": mem.role("reward")})
     gpus = explorers + regenerators + trainer_ranks + 1 + unused
+    over = _over(memory, hbm_gb, ROLES)
     return Layout("disaggregated", gpus, explorers, regenerators, trainer_ranks, 1, {**t, "rollout": rollout},
-                  rollout + t["train"], max(rollout, t["train"]), memory,
-                  all(v <= hbm_gb * USABLE_HBM for v in memory.values()), unused)
+                  rollout + t["train"], max(rollout, t["train"]), memory, not over, unused,
+                  gradient_checkpointing=mem.checkpointing, over_gb=over)
 
 
 def disaggregated_layouts(st: dict[str, Stage], cal: Calibration, mem: MemoryModel, gpus: int, hbm_gb: float,
@@ -673,7 +930,8 @@ def disaggregated_layouts(st: dict[str, Stage], cal: Calibration, mem: MemoryMod
             t = trainer_ranks or min(rest, max_ranks)
             if t < 1 or rest < t:
                 continue
-            out.append(disaggregated(st, cal, mem, e, r, t, hbm_gb, unused=rest - t))
+            out.append(with_checkpointing_if_needed(
+                lambda m, e=e, r=r, t=t, rest=rest: disaggregated(st, cal, m, e, r, t, hbm_gb, unused=rest - t), mem))
     return out
 
 
@@ -694,6 +952,20 @@ class Plan:
     eval_s: float
     notes: list[str] = field(default_factory=list)
     pipelined: Layout | None = None     # the disaggregated split that would be best with rollout.staleness = 1
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """Whether the trainer must checkpoint activations in the chosen layout (off wherever it fits without)."""
+        return self.best.gradient_checkpointing
+
+    def role_memory(self, x: Layout | None = None) -> dict[str, dict[str, float]]:
+        """GB by piece of each role's process on its GPU in layout `x` (default: the best)."""
+        x = x or self.best
+        mem = self.memory.checkpointed() if x.gradient_checkpointing else self.memory
+        if x.kind == "colocated":
+            return {"colocated": mem.parts("colocated", x.trainer_ranks)}
+        roles = [r for r, n in (("explorer", x.explorers), ("regenerator", x.regenerators)) if n]
+        return {r: mem.parts(r, x.trainer_ranks if r == "trainer" else 1) for r in (*roles, "trainer", "reward")}
 
 
 def default_preset(model: str) -> str:
@@ -766,7 +1038,7 @@ def make_plan(cfg: RunConfig, preset: str, gpu_kind: str, gpus: int, *, layout: 
                 raise PlanError(f"colocated, the trainer runs on every GPU ({min(gpus, most)} ranks), not "
                                 f"{trainer_ranks}")
         else:
-            colo = colocated(st, cal, mem, gpus, hbm, most)
+            colo = with_checkpointing_if_needed(lambda m: colocated(st, cal, m, gpus, hbm, most), mem)
     roles = 1 + ("explore" in st) + ("regenerate" in st) + 1
     dis = []
     if layout in ("auto", "disaggregated"):
@@ -787,19 +1059,23 @@ def make_plan(cfg: RunConfig, preset: str, gpu_kind: str, gpus: int, *, layout: 
     best_dis = min((x for x in dis if x.fits), key=lambda x: x.epoch_s, default=None)
     notes = list(recipe.notes)
     if colo is not None and not colo.fits:
-        mb = mem.max_train_micro_batch(hbm, colocated=True)
-        notes.append(f"colocated does not fit: {colo.memory_gb['colocated, each GPU']:.0f} GB per GPU, "
-                     f"{hbm * USABLE_HBM:.0f} usable" + (f" (it would with --set train.micro_batch={mb})" if mb else ""))
+        notes.append("colocated does not fit, even with gradient checkpointing: " + _over_text(colo))
     if colo is not None and colo.fits and colo.memory_gb[COLOCATED_SERVICES] > hbm * USABLE_HBM:
-        per = mem.train_activations_per_sample
-        mb = int((hbm * USABLE_HBM - colo.memory_gb[COLOCATED_SERVICES] + mem.train_micro_batch * per) // per)
+        m = mem.checkpointed() if colo.gradient_checkpointing else mem
+        per = m.train_activations / m.train_micro_batch
+        mb = int((hbm * USABLE_HBM - colo.memory_gb[COLOCATED_SERVICES] + m.train_activations) // per)
         notes.append(f"colocated as services (docker-compose.colocated.yml: a process per role, each with its own "
                      f"weights) needs {colo.memory_gb[COLOCATED_SERVICES]:.0f} GB on the reward's GPU, "
                      f"{hbm * USABLE_HBM:.0f} usable: run it with --set train.micro_batch={mb}" if mb >= 1 else
                      "colocated as services (a process per role) does not fit even at train.micro_batch=1: it "
                      "needs one process holding every role, as the paper")
     if dis and best_dis is None:
-        notes.append("no disaggregated split fits in memory: " + _roles_text(dis[0].memory_gb, hbm))
+        notes.append("no disaggregated split fits in memory, even with gradient checkpointing: " + _over_text(dis[0]))
+    if best.gradient_checkpointing:
+        plain = mem.role("colocated" if best.kind == "colocated" else "trainer", best.trainer_ranks)
+        notes.append(f"gradient checkpointing on: without it the trainer's GPU needs {plain:.1f} GB, "
+                     f"{plain - hbm * USABLE_HBM:.2g} GB beyond the {hbm * USABLE_HBM:.1f} usable; it recomputes every "
+                     f"trainable forward (training x{mem.checkpointed().train_time_factor:.2f}, priced in)")
     if colo is not None and colo.trainer_ranks < gpus:
         notes.append(f"an optimizer step can hold as few as {most} samples ({recipe.ranks_rule}): the trainer "
                      f"uses {colo.trainer_ranks} of the {gpus} GPUs")
@@ -813,22 +1089,29 @@ def _roles_text(memory: dict[str, float], hbm: float) -> str:
     return ", ".join(f"{k} {v:.0f} GB" for k, v in memory.items()) + f" (usable {hbm * USABLE_HBM:.0f} GB per GPU)"
 
 
+def _over_text(x: Layout) -> str:
+    return ", ".join(f"{k} {x.memory_gb[k]:.0f} GB, {v:.0f} GB over" for k, v in x.over_gb.items())
+
+
 def _memory_error(mem: MemoryModel, recipe: Recipe, gpu: Gpu, candidates: list[Layout]) -> str:
+    """Why no layout fits: per role of the closest colocated and disaggregated candidates, by how much."""
     hbm = gpu.hbm_gb
-    weights = mem.weights_bf16 + mem.components
+    weights = mem.denoiser + sum(mem.components.values())
     head = (f"{recipe.model} does not fit on one {gpu.name} ({hbm:.0f} GB, {hbm * USABLE_HBM:.0f} usable) in any "
-            f"layout: ")
+            f"layout, even with gradient checkpointing: ")
     if weights > hbm * USABLE_HBM:
         return head + (f"its BF16 weights and text encoders alone take {weights:.0f} GB (sharding the model, FSDP, "
                        f"is not modelled)")
-    shown = [c for c in candidates if c.kind == "colocated"][:1] + [c for c in candidates if c.kind != "colocated"][:1]
-    parts = [_roles_text(c.memory_gb, hbm) for c in shown]
+    shown = [min((c for c in candidates if c.kind == kind), key=lambda c: sum(c.over_gb.values()), default=None)
+             for kind in ("colocated", "disaggregated")]
+    parts = [f"{c.kind}: {_over_text(c)}" for c in shown if c is not None]
     fix = []
-    mb = max(mem.max_train_micro_batch(hbm, colocated=False), mem.max_train_micro_batch(hbm, colocated=True))
+    ckpt = mem.checkpointed()
+    mb = max(ckpt.max_train_micro_batch(hbm, colocated=False), ckpt.max_train_micro_batch(hbm, colocated=True))
     if mb < recipe.train_micro_batch:
         fix.append(f"--set train.micro_batch={mb}" if mb >= 1 else "a GPU with more memory (not even one training "
                    "sample's activations fit beside the weights)")
-    if mem.role("regenerator") > hbm * USABLE_HBM:
+    if mem.role("regenerator") > hbm * USABLE_HBM or mem.role("explorer") > hbm * USABLE_HBM:
         fix.append("a smaller rollout.micro_batch")
     return head + "; ".join(parts) + (". Try " + " and ".join(fix) if fix else "")
 
@@ -842,7 +1125,8 @@ def plan_dict(p: Plan) -> dict[str, Any]:
         "forward": {**dataclasses.asdict(f), "tflops": f.flops / 1e12, "quantized_share": p.facts.quantized_share,
                     "params": p.facts.params},
         "calibration": dataclasses.asdict(p.calibration), "stage_one_gpu_s": p.stage_one_gpu_s,
-        "memory_gb": dataclasses.asdict(p.memory), "best": dataclasses.asdict(p.best),
+        "memory_gb": dataclasses.asdict(p.memory), "gradient_checkpointing": p.gradient_checkpointing,
+        "role_memory_gb": p.role_memory(), "best": dataclasses.asdict(p.best),
         "colocated": dataclasses.asdict(p.colocated) if p.colocated else None,
         "disaggregated": dataclasses.asdict(p.disaggregated) if p.disaggregated else None,
         "pipelined": dataclasses.asdict(p.pipelined) if p.pipelined else None, "eval_s": p.eval_s, "notes": p.notes,
@@ -873,6 +1157,12 @@ def _layout_row(x: Layout) -> str:
     return f"{x.label:<82}" + "".join(f"{seconds_text(v):>9}" for v in cells)
 
 
+def role_memory_lines(roles: dict[str, dict[str, float]]) -> list[str]:
+    return [f"  {role:<12}{sum(parts.values()):6.1f} GB: " + ", ".join(f"{k} {v:.2f}" if v < 1 else f"{k} {v:.1f}"
+                                                                     for k, v in parts.items() if v)
+            for role, parts in roles.items()]
+
+
 def format_plan(p: Plan) -> str:
     f, r, m, gpu = p.facts.forward, p.recipe, p.memory, GPUS[p.gpu]
     total = f.linear_macs + f.conv_macs + f.attention_macs
@@ -886,10 +1176,11 @@ def format_plan(p: Plan) -> str:
         "one GPU    " + ", ".join(f"{k} {seconds_text(v)} s" for k, v in p.stage_one_gpu_s.items())
         + f" per epoch (efficiency: sampling {p.calibration.eta_rollout:.3f}, training {p.calibration.eta_train:.3f}"
         f" of peak; {p.calibration.image_s * 1000:.0f} ms per 1024 px image on a B200)",
-        f"memory     GB: BF16 weights {m.weights_bf16:.1f}, explorer copy {m.weights_explorer:.1f}, text encoders + "
-        f"VAE {m.components:.1f}, reward {m.reward:.1f}, LoRA states {m.lora_states:.2f}, sampling activations "
-        f"{m.sample_activations:.1f}, training activations {m.train_micro_batch * m.train_activations_per_sample:.1f}"
-        f" (micro-batch {m.train_micro_batch})",
+        f"memory     GB: denoiser BF16 {m.denoiser:.1f}, text encoders + VAE {sum(m.components.values()):.1f}, reward "
+        f"{sum(m.reward.values()):.1f}, one LoRA adapter (FP32) {m.lora:.2f}; activations: sampling micro-batch "
+        f"{m.sample_activations:.1f}, VAE decode batch {m.decode_activations:.1f}, training "
+        f"{m.train_per_sample:.2f} a row ({m.train_per_sample_checkpointed:.2f} with gradient checkpointing; "
+        f"micro-batch {m.train_micro_batch}); the prompt cache holds {m.prompt_mb:.1f} MB a prompt on the CPU",
         f"trainer    at most {r.max_trainer_ranks} data-parallel ranks: every rank trains a sample of every optimizer "
         f"step, and a step can hold as few as {r.max_trainer_ranks} samples ({r.ranks_rule})",
         "",
@@ -901,8 +1192,13 @@ def format_plan(p: Plan) -> str:
             lines.append(_layout_row(x))
     if p.best not in (p.colocated, p.disaggregated):
         lines.append(_layout_row(p.best))
-    lines += ["", f"best: {p.best.label}: {seconds_text(p.best.epoch_s)} s per epoch; memory per GPU "
-              + _roles_text(p.best.memory_gb, gpu.hbm_gb)]
+    lines += ["", f"best: {p.best.label}: {seconds_text(p.best.epoch_s)} s per epoch; gradient checkpointing "
+              f"{'on' if p.gradient_checkpointing else 'off'}; memory per GPU (usable {gpu.hbm_gb * USABLE_HBM:.0f} GB):"]
+    lines += role_memory_lines(p.role_memory())
+    if p.disaggregated is not None and p.disaggregated is not p.best:
+        lines.append(f"{p.disaggregated.label} (the deployment files' kind): gradient checkpointing "
+                     f"{'on' if p.disaggregated.gradient_checkpointing else 'off'}; memory per GPU:")
+        lines += role_memory_lines(p.role_memory(p.disaggregated))
     if p.pipelined is not None:
         lines.append(f"with rollout.staleness = 1 the best split would be {p.pipelined.label}: "
                      f"{seconds_text(p.pipelined.pipelined_s)} s per epoch")

@@ -3,6 +3,7 @@ layouts and the errors on bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 from pathlib import Path
@@ -181,14 +182,26 @@ def test_trainer_ranks_follow_the_trainer_s_rule_not_the_epoch_s_samples():
 
 
 def test_plans_that_do_not_fit_in_memory(monkeypatch):
-    with pytest.raises(P.PlanError, match=r"does not fit on one H100 SXM .*train\.micro_batch=3"):
-        _plan("sd3.5-large", gpu="h100")
-    # with the micro-batch it names, the disaggregated trainer fits and is chosen
-    p = _plan("sd3.5-large", gpu="h100", sets=["train.micro_batch=3"])
-    assert p.best.kind == "disaggregated" and any("colocated does not fit" in n for n in p.notes)
-    monkeypatch.setitem(P.GPUS, "small", P.Gpu("small", {"bf16": 100.0, "fp8": None, "fp4": None}, 24.0))
+    """SD3.5-L's trainer (micro-batch 4 at 1024 px) fits an H100 only with gradient checkpointing: the plan turns it
+    on there, prices the recomputation and says why; on a B200 it stays off. A split where a role cannot fit is
+    refused naming each role and by how much."""
+    h100, b200 = _plan("sd3.5-large", gpu="h100"), _plan("sd3.5-large")
+    usable = 80 * P.USABLE_HBM
+    assert h100.best.fits and h100.gradient_checkpointing and not b200.gradient_checkpointing
+    assert h100.memory.role("trainer") > usable > h100.memory.checkpointed().role("trainer")
+    assert any("gradient checkpointing on: without it the trainer's GPU needs" in n for n in h100.notes)
+    # every trainable forward runs again in the backward: 6 forward-equivalents a row instead of 5
+    assert h100.colocated.stage_s["train"] == pytest.approx(h100.stage_one_gpu_s["train"] / 8 * 6 / 5)
+    assert P.plan_dict(h100)["gradient_checkpointing"] is True
+    monkeypatch.setitem(P.GPUS, "small", P.Gpu("small", {"bf16": 100.0, "fp8": 200.0, "fp4": None}, 40.0))
+    with pytest.raises(P.PlanError, match=r"flux1-dev does not fit on one small \(40 GB, 38 usable\) in any layout, "
+                                          r"even with gradient checkpointing: .*disaggregated: explorer 48 GB, 10 GB over"
+                                          r", trainer 43 GB, 5 GB over. Try --set train.micro_batch=4 and a smaller "
+                                          r"rollout.micro_batch"):
+        _plan("flux1-dev", gpu="small", layout="disaggregated")
+    monkeypatch.setitem(P.GPUS, "tiny", P.Gpu("tiny", {"bf16": 100.0, "fp8": None, "fp4": None}, 24.0))
     with pytest.raises(P.PlanError, match="BF16 weights and text encoders alone take 34 GB"):
-        _plan("flux1-dev", gpu="small")
+        _plan("flux1-dev", gpu="tiny")
 
 
 def test_other_bad_input():
@@ -263,3 +276,44 @@ def test_cli(tmp_path, capsys):
     assert main(["plan", "--calibrate", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "plan.md").read_text()
     assert "| sd3.5-large | naive rollout | 451 |" in md and (tmp_path / "plan.json").exists()
+
+
+PLAN_RESULTS = sorted((ROOT / "benchmarks" / "results").glob("plan_*_*.md"))
+
+
+@pytest.mark.parametrize("path", PLAN_RESULTS, ids=lambda p: p.stem)
+def test_committed_plans_are_what_solrl_plan_prints(path, capsys):
+    """benchmarks/results/plan_<preset>_<gpu>.md (the plans docs/deploy.md quotes) equal their command's output,
+    and each places every role of its two-stage preset on 8 GPUs of its kind."""
+    import re
+    import shlex
+
+    text = path.read_text()
+    command = shlex.split(re.match(r"# `(solrl plan [^`]+)`", text).group(1))
+    assert main(command[1:]) == 0
+    out = capsys.readouterr().out
+    assert text.split("```text\n", 1)[1].split("```", 1)[0] == out, f"{path.name}: rerun its command"
+    assert "best: " in out and "explorer " in out and "trainer " in out and "reward " in out
+
+
+def test_the_real_presets_fit_8_gpus_of_each_kind():
+    """SD3.5-Large and FLUX.1-dev's two-stage presets fit 8x H100 (80 GB) and 8x B200 in a colocated and a
+    disaggregated layout; where the trainer would not fit without gradient checkpointing the plan turns it on."""
+    for model in ("sd3.5-large", "flux1-dev"):
+        for gpu in ("h100", "b200"):
+            p = _plan(model, gpu=gpu)
+            usable = P.GPUS[gpu].hbm_gb * P.USABLE_HBM
+            for x in (p.colocated, p.disaggregated):
+                assert x is not None and x.fits and not x.over_gb
+                roles = p.role_memory(x)
+                assert all(sum(parts.values()) <= usable for parts in roles.values())
+                m = p.memory.checkpointed() if x.gradient_checkpointing else p.memory
+                if x.gradient_checkpointing:   # on only where it is needed
+                    role = "colocated" if x.kind == "colocated" else "trainer"
+                    assert dataclasses.replace(m, checkpointing=False).role(role, x.trainer_ranks) > usable
+            assert p.gradient_checkpointing == (gpu == "h100" or model == "flux1-dev")
+            # the hopper / b200 overlays' plan component for this preset (was refused on H100: "does not fit")
+            dis = _plan(model, gpu=gpu, layout="disaggregated")
+            doc = yaml.safe_load(P.emit(dis, "kustomize", ["rollout.explore_precision.backend=fp8"]))
+            assert {r["name"]: r["count"] for r in doc["replicas"]} == {"explorer": dis.best.explorers,
+                                                                         "regenerator": dis.best.regenerators}
