@@ -174,7 +174,8 @@ def redis_user(role: str, indent: str, braces: int = 1) -> str:
 COMPOSE_COMMON = """# Environment names and ports are exactly those `solrl serve <role>` reads.
 # Secrets (each e.g. `openssl rand -hex 32`; the file refuses to start without one): export SOLRL_ADAPTER_TOKEN,
 # SOLRL_DATA_TOKEN (the bearer token of the explore, regenerate and reward doors), SOLRL_QUEUE_KEY (the HMAC
-# key of every queue message) and SOLRL_REDIS_{{TRAINER,EXPLORER,REGENERATOR}}_PASSWORD (each role's Redis ACL user) or put them in a .env file beside this one (never commit it; docs/deploy.md).
+# key of every queue message) and SOLRL_REDIS_{{TRAINER,EXPLORER,REGENERATOR}}_PASSWORD (each role's Redis ACL user)
+# or put them in a .env file beside this one (never commit it; docs/deploy.md).
 # Weights: SOLRL_WEIGHTS_DIR and SOLRL_HF_CACHE on the host (offline).
 # One set of run settings drives every role: SOLRL_PRESET and SOLRL_SET (KEY=VALUE overrides separated by
 # spaces, e.g. SOLRL_SET="model.path=/weights/sana prompts.train=/weights/prompts.txt"). The trainer trains

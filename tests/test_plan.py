@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_deploy import write_overlay_secrets
 
 from solrl import plan as P
 from solrl.cli import main
@@ -254,9 +255,7 @@ def test_emit_compose_and_kustomize(tmp_path):
         pytest.skip("kubectl not installed: the component is not built into the overlay")
     tree = tmp_path / "k8s"
     shutil.copytree(ROOT / "k8s", tree)
-    (tree / "overlays" / "b200" / "adapter-token.txt").write_text("test\n")
-    (tree / "overlays" / "b200" / "queue-key.txt").write_text("test-queue-key\n")
-    (tree / "overlays" / "b200" / "redis-passwords.env").write_text("trainer=a\nexplorer=b\nregenerator=c\nkeda=d\n")
+    write_overlay_secrets(tree)
     (tree / "overlays" / "b200" / "plan" / "kustomization.yaml").write_text(frag)
     out = subprocess.run([kubectl, "kustomize", str(tree / "overlays" / "b200")], capture_output=True, text=True,
                          check=True).stdout
