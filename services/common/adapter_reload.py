@@ -333,10 +333,12 @@ class HotSwapModel:
             return self._backend.weight_bytes(cur.module)
 
     def resident_tensors(self) -> list[Tensor]:
-        """Every tensor this object keeps: the served model's parameters and buffers, the originals and the
-        host copies (the skeleton has no storage). A test sums their distinct storages."""
+        """Every tensor this object keeps: the served model's parameters and buffers, the originals, the host
+        copies and the served adapter as pushed (the skeleton has no storage). A test sums their storages."""
         with self.serving() as cur:
-            return [*cur.module.parameters(), *cur.module.buffers(), *self._originals.values(), *self._host.values()]
+            pushed = self._adapter[0].values() if self._adapter is not None else ()
+            return [*cur.module.parameters(), *cur.module.buffers(), *self._originals.values(),
+                    *self._host.values(), *pushed]
 
     def load(self, data: bytes, *, version: int, sha256: str, max_bytes: int = DEFAULT_MAX_ADAPTER_BYTES) -> LoadResult:
         """Validate, then merge and re-quantize (or load the LoRA layers) in place once no call runs;

@@ -1,0 +1,187 @@
+"""One model copy per process: what a hot-swapped rollout model keeps resident does not grow with pushes, and
+what it serves after a push equals a model freshly built with that adapter merged (bit-equal on CPU).
+
+Resident bytes are the distinct storages of every tensor the HotSwapModel keeps (`resident_tensors`: the
+served model's parameters and buffers, torchao packed weights by their components, the LoRA targets'
+originals and, for a switchable explorer, its host copies). A build-aside design holds a second model while
+it builds and until calls end; here the served model changes in place.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from diffusers import PixArtTransformer2DModel
+from torch import nn
+from transformers import CLIPTextModel
+
+from services.common.adapter_reload import AdapterRejected, HotSwapModel, storages
+from services.common.metrics import ServiceMetrics
+from services.explorer.dataplane import ExplorerDataPlane
+from services.explorer.server import start
+from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter, sha256_hex
+from solrl.adapters.merge import merge_lora, target_weights
+from solrl.models.shapes import ShapesModel, text_encoder_config, transformer_config
+from solrl.precision import PrecisionConfig, build_backend
+from solrl.rewards import build_reward
+from solrl.rollout import SamplerSpec, explore
+from solrl.rollout.workers import InferenceCopy
+
+TOKEN = "resident-token"
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.to_q, self.to_k, self.ff = (nn.Linear(width, width) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.ff(torch.tanh(self.to_q(x) * self.to_k(x)))
+
+
+class Toy(nn.Module):
+    """Two blocks of Linears: LoRA targets (to_q, to_k) and a quantized non-target (ff)."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def adapter(base: nn.Module, spec: LoraSpec, version: int) -> tuple[dict, bytes]:
+    adapters = LoraAdapters(copy.deepcopy(base), spec, seed=version)
+    with torch.no_grad():
+        for p in adapters.parameters("default"):
+            p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(version)))
+    state = adapters.state_dict("default")
+    return state, encode_adapter(state, version, spec)
+
+
+def fresh(base: nn.Module, precision: PrecisionConfig, state: dict | None, spec: LoraSpec | None) -> nn.Module:
+    """A model built from scratch with the adapter merged (the numbers a build-aside swap served)."""
+    module = copy.deepcopy(base)
+    if state is not None:
+        for name, weight in merge_lora(target_weights(module, spec), state, spec).items():
+            module.get_submodule(name).weight = nn.Parameter(weight, requires_grad=False)
+    return build_backend(precision).prepare(module.eval().requires_grad_(False))
+
+
+def resident_bytes(hot: HotSwapModel) -> int:
+    return sum(storages(hot.resident_tensors()).values())
+
+
+def push(hot: HotSwapModel, data: bytes, version: int) -> None:
+    hot.load(data, version=version, sha256=sha256_hex(data))
+
+
+@pytest.mark.parametrize("backend", ["nvfp4-emu", "fp8-e4m3-emu", "bf16"])
+def test_ten_pushes_keep_the_bytes_of_one_and_serve_the_fresh_merge(backend):
+    torch.manual_seed(0)
+    base, precision = Toy(), PrecisionConfig(backend)
+    spec = LoraSpec(rank=4, alpha=8.0, target_modules=("to_q", "to_k"))
+    x = torch.randn(8, 64)
+    hot = HotSwapModel(copy.deepcopy(base), None, precision, targets=spec.target_modules)
+    served = storages([*hot.current().module.parameters(), *hot.current().module.buffers()])
+    kept = storages(hot.resident_tensors())
+    targets = sum(m.weight.numel() * 4 for n, m in base.named_modules() if n.endswith(("to_q", "to_k")))
+    # one copy: the served model plus only the targets' originals (none for the unmerged bf16 LoRA)
+    assert sum(kept.values()) == sum(served.values()) + (targets if hot.merges else 0)
+    sizes = []
+    for version in range(1, 11):
+        state, data = adapter(base, spec, version)
+        push(hot, data, version)
+        sizes.append(resident_bytes(hot))
+        with hot.serving() as cur, torch.no_grad():
+            assert cur.version == version
+            want = fresh(base, precision, state, spec)(x) if hot.merges else None
+            got = cur.module(x)
+        if want is not None:
+            assert torch.equal(got, want), float((got - want).abs().max())
+    assert sizes == [sizes[0]] * 10, sizes
+
+
+def test_a_push_with_fewer_targets_restores_the_others_and_a_bad_one_changes_nothing():
+    torch.manual_seed(1)
+    base, precision = Toy(), PrecisionConfig("nvfp4-emu")
+    both = LoraSpec(rank=2, alpha=4.0, target_modules=("to_q", "to_k"))
+    only_q = LoraSpec(rank=2, alpha=4.0, target_modules=("to_q",))
+    x = torch.randn(4, 64)
+    hot = HotSwapModel(copy.deepcopy(base), None, precision, targets=both.target_modules)
+    _, data1 = adapter(base, both, 1)
+    push(hot, data1, 1)
+    state2, data2 = adapter(base, only_q, 2)
+    push(hot, data2, 2)
+    with torch.no_grad():
+        assert torch.equal(hot.current().module(x), fresh(base, precision, state2, only_q)(x))
+    ff = LoraSpec(rank=2, alpha=4.0, target_modules=("ff",))   # a layer whose original is not kept
+    with pytest.raises(AdapterRejected, match="original weights"):
+        push(hot, adapter(base, ff, 3)[1], 3)
+    assert hot.current().version == 2
+    with torch.no_grad():
+        assert torch.equal(hot.current().module(x), fresh(base, precision, state2, only_q)(x))
+
+
+def test_a_precision_switch_rebuilds_from_the_originals_without_growing():
+    torch.manual_seed(2)
+    base = Toy()
+    spec = LoraSpec(rank=2, alpha=4.0, target_modules=("to_q", "to_k"))
+    x = torch.randn(4, 64)
+    nvfp4, fp8 = PrecisionConfig("nvfp4-emu"), PrecisionConfig("fp8-e4m3-emu")
+    hot = HotSwapModel(copy.deepcopy(base), None, nvfp4, targets=spec.target_modules, switchable=True)
+    state, data = adapter(base, spec, 1)
+    push(hot, data, 1)
+    before = resident_bytes(hot)
+    for precision in (fp8, PrecisionConfig("bf16"), nvfp4):
+        hot.use(precision)
+        with torch.no_grad():
+            got = hot.current().module(x)
+        if precision is not nvfp4:
+            continue
+        assert torch.equal(got, fresh(base, nvfp4, state, spec)(x))
+    assert resident_bytes(hot) == before
+    with pytest.raises(RuntimeError, match="serves nvfp4-emu only"):
+        HotSwapModel(copy.deepcopy(base), None, nvfp4, targets=spec.target_modules).use(fp8)
+
+
+def test_an_explorer_service_receiving_ten_pushes_holds_the_bytes_of_one():
+    """A real explorer (gRPC + ops app) gets ten pushes over PUT /v1/adapter; its resident bytes after the
+    tenth equal those after the first, and it samples exactly what the core explorer does at that version."""
+    torch.manual_seed(0)
+    config = {**transformer_config(), "num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 16,
+              "cross_attention_dim": 32}
+    model = ShapesModel(PixArtTransformer2DModel(**config), CLIPTextModel(text_encoder_config()))
+    spec = LoraSpec(rank=2, alpha=4.0, target_modules=model.spec.lora_targets)
+    precision, scorer = PrecisionConfig("nvfp4-emu"), build_reward("jpeg_compressibility")
+    served = ShapesModel(copy.deepcopy(model.transformer), model.text_encoder)
+    plane = ExplorerDataPlane(served, precision, None, scorer, steps=2, kept=2)
+    svc = start(plane, ServiceMetrics("explorer"), adapter_token=TOKEN)
+    adapters = LoraAdapters(copy.deepcopy(model.transformer), spec, seed=1)
+    sizes = []
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{svc.http.port}", timeout=60) as http:
+            for version in range(1, 11):
+                with torch.no_grad():
+                    for p in adapters.parameters("default"):
+                        p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(version)))
+                data = encode_adapter(adapters.state_dict("default"), version, spec)
+                response = http.put("/v1/adapter", content=data, headers={
+                    "Authorization": f"Bearer {TOKEN}", "X-Adapter-Version": str(version),
+                    "X-Adapter-Sha256": sha256_hex(data)})
+                assert response.status_code == 200, response.text
+                sizes.append(resident_bytes(plane.hot))
+            got = plane.explore(["a red circle"], [[1, 2, 3, 4]], steps=2, kept=2)
+    finally:
+        svc.stop(0)
+    assert got.version == 10 and sizes == [sizes[0]] * 10, sizes
+    ref = InferenceCopy(adapters, precision, model.spec.quant_skip, model.spec.quant_min_features)
+    ref.sync(adapters.merged_weights("default"), 10)
+    want = explore(model, ref.module, ["a red circle"], [[1, 2, 3, 4]], 2, SamplerSpec(), scorer, 2, "best_worst")
+    np.testing.assert_array_equal(np.asarray(got.scores, dtype=np.float32), np.asarray(want.scores, np.float32))
