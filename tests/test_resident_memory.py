@@ -5,6 +5,10 @@ Resident bytes are the distinct storages of every tensor the HotSwapModel keeps 
 served model's parameters and buffers, torchao packed weights by their components, the LoRA targets'
 originals and, for a switchable explorer, its host copies). A build-aside design holds a second model while
 it builds and until calls end; here the served model changes in place.
+
+The adapter size limit is derived from the served LoRA layout: a rank-32 FP32 LoRA of Wan2.2 T2V-A14B (both
+14B experts, about 840 MB, over the old fixed 512 MiB) fits the cap its server derives, and an adapter over a
+server's derived cap is refused with a message naming the limit and how to set it.
 """
 
 from __future__ import annotations
@@ -15,17 +19,18 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from diffusers import PixArtTransformer2DModel
+from diffusers import PixArtTransformer2DModel, WanTransformer3DModel
 from torch import nn
 from transformers import CLIPTextModel
 
-from services.common.adapter_reload import AdapterRejected, HotSwapModel, storages
+from services.common.adapter_reload import AdapterEndpoint, AdapterRejected, HotSwapModel, adapter_cap, storages
 from services.common.metrics import ServiceMetrics
 from services.explorer.dataplane import ExplorerDataPlane
 from services.explorer.server import start
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter, sha256_hex
-from solrl.adapters.merge import merge_lora, target_weights
+from solrl.adapters.merge import lora_layout, merge_lora, target_weights
 from solrl.models.shapes import ShapesModel, text_encoder_config, transformer_config
+from solrl.models.wan import WAN22_T2V_A14B, WanExperts
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.rewards import build_reward
 from solrl.rollout import SamplerSpec, explore
@@ -185,3 +190,40 @@ def test_an_explorer_service_receiving_ten_pushes_holds_the_bytes_of_one():
     ref.sync(adapters.merged_weights("default"), 10)
     want = explore(model, ref.module, ["a red circle"], [[1, 2, 3, 4]], 2, SamplerSpec(), scorer, 2, "best_worst")
     np.testing.assert_array_equal(np.asarray(got.scores, dtype=np.float32), np.asarray(want.scores, np.float32))
+
+
+# one expert of Wan-AI/Wan2.2-T2V-A14B-Diffusers (transformer/config.json; transformer_2 has the same shape)
+A14B_EXPERT = {"patch_size": (1, 2, 2), "num_attention_heads": 40, "attention_head_dim": 128, "in_channels": 16,
+               "out_channels": 16, "text_dim": 4096, "freq_dim": 256, "ffn_dim": 13824, "num_layers": 40,
+               "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-6, "rope_max_seq_len": 1024}
+
+
+def test_a_rank_32_fp32_wan22_a14b_adapter_fits_the_derived_cap():
+    with torch.device("meta"):
+        model = WanExperts(WanTransformer3DModel(**A14B_EXPERT), WanTransformer3DModel(**A14B_EXPERT))
+    spec = LoraSpec(rank=32, alpha=64.0, target_modules=WAN22_T2V_A14B.lora_targets)
+    layout = lora_layout(model, spec)
+    tensors = sum(a * b for a, b in layout.values()) * 4
+    assert len(layout) == 2 * 40 * 8 * 2 and 830e6 < tensors < 850e6 > 512 << 20   # A and B of 640 Linears
+    cap = adapter_cap(model, WAN22_T2V_A14B.lora_targets, 32)
+    assert tensors < cap < tensors + (4 << 20)   # the tensors plus header room, not a guess
+    hot = HotSwapModel(model, spec, PrecisionConfig("fp32"))   # a served model on meta: derives the same cap
+    assert hot.max_bytes == cap
+
+
+def test_an_adapter_over_the_derived_cap_is_refused_with_the_limit():
+    torch.manual_seed(0)
+    base = Toy()
+    spec = LoraSpec(rank=2, alpha=4.0, target_modules=("to_q", "to_k"))
+    hot = HotSwapModel(copy.deepcopy(base), spec, PrecisionConfig("nvfp4-emu"))
+    endpoint = AdapterEndpoint(hot, token="t")
+    assert endpoint.max_bytes == hot.max_bytes == adapter_cap(base, spec.target_modules, 2)
+    fits = encode_adapter(LoraAdapters(copy.deepcopy(base), spec, seed=0).state_dict("default"), 1, spec)
+    assert endpoint.load("Bearer t", fits, 1, sha256_hex(fits)).version == 1
+    big = LoraSpec(rank=64, alpha=4.0, target_modules=spec.target_modules)
+    data = encode_adapter(LoraAdapters(copy.deepcopy(base), big, seed=0).state_dict("default"), 2, big)
+    assert len(data) > hot.max_bytes
+    with pytest.raises(AdapterRejected, match=rf"over the limit of {hot.max_bytes} .*--max-adapter-bytes") as info:
+        endpoint.load("Bearer t", data, 2, sha256_hex(data))
+    assert info.value.reason == "too_large" and hot.current().version == 1
+    assert AdapterEndpoint(hot, token="t", max_bytes=len(data)).max_bytes == len(data) == hot.max_bytes  # the flag

@@ -21,6 +21,7 @@ import copy
 import dataclasses
 import hmac
 import logging
+import math
 import threading
 import time
 import urllib.parse
@@ -138,6 +139,7 @@ class HotSwapModel:
     """
 
     ADAPTER = "served"   # the peft adapter name of an unmerged LoRA
+    UNPINNED_CAP_RANK = 64   # the rank the adapter cap allows when no layout is pinned (the presets train 32)
     CHUNK_BYTES = 256 << 20   # merged fp32 weights re-quantized together (the transient a push adds)
 
     def __init__(self, base: nn.Module, lora: LoraSpec | None, precision: PrecisionConfig, *,
@@ -167,6 +169,9 @@ class HotSwapModel:
             self._host = {n: memo.setdefault(id(t), t.detach().to("cpu", copy=True))
                           for n, t in plain_tensors(base).items() if n.removesuffix(".weight") not in kept}
         self.fetcher: AdapterFetcher | None = None  # pulls the current adapter when a call needs a newer one
+        # the largest adapter accepted: the served LoRA layout's bytes (an AdapterEndpoint's flag overrides it)
+        self.max_bytes = adapter_cap(self._skeleton, patterns, lora.rank if lora is not None else
+                                     self.UNPINNED_CAP_RANK) if patterns else DERIVED_CAP_FALLBACK
         self._cond = threading.Condition()   # guards _current, _calls, _swapping; notified on every change
         self._calls = 0                      # calls running on the served version
         self._swapping = False               # a push / switch waits for calls to end, or changes the weights
@@ -342,12 +347,14 @@ class HotSwapModel:
 
     def load(self, data: bytes, *, version: int, sha256: str, max_bytes: int = DEFAULT_MAX_ADAPTER_BYTES) -> LoadResult:
         """Validate, then merge and re-quantize (or load the LoRA layers) in place once no call runs;
-        AdapterRejected says why not."""
+        AdapterRejected says why not. max_bytes 0: this model's `max_bytes`."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"data must be bytes, got {type(data).__name__}")
         data = bytes(data)
+        max_bytes = max_bytes or self.max_bytes
         if len(data) > max_bytes:
-            raise AdapterRejected("too_large", f"adapter is {len(data)} bytes, over the limit of {max_bytes}")
+            raise AdapterRejected("too_large", f"adapter is {len(data)} bytes, over the limit of {max_bytes} "
+                                               f"(the served LoRA layout's size unless --max-adapter-bytes sets it)")
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             raise AdapterRejected("invalid", f"version must be an integer >= 1, got {version!r}")
         if not isinstance(sha256, str) or not sha256:
@@ -397,6 +404,19 @@ class HotSwapModel:
             swap_ms = (time.perf_counter() - t0) * 1000.0
         log.info("adapter version %d (sha256 %s) swapped in after %.1f ms", version, actual[:12], swap_ms)
         return LoadResult(version, actual, swap_ms, previous.version)
+
+
+DERIVED_CAP_FALLBACK = 512 << 20   # the cap of a model given no LoRA targets to derive one from
+CAP_HEADROOM = 64 << 10            # safetensors header and metadata room above the tensors' bytes
+
+
+def adapter_cap(model: nn.Module, targets: Sequence[str], rank: int, dtype: torch.dtype = torch.float32) -> int:
+    """The largest adapter a server of `model` accepts: the bytes of A [rank, in] and B [out, rank] for every
+    module `targets` match (peft's matching), at `dtype`, plus CAP_HEADROOM and 256 header bytes a tensor.
+    Works on a meta-device model (no storage is touched)."""
+    layout = lora_layout(model, LoraSpec(rank, 1.0, tuple(targets)))
+    size = torch.empty((), dtype=dtype, device="meta").element_size()
+    return sum(math.prod(shape) for shape in layout.values()) * size + 256 * len(layout) + CAP_HEADROOM
 
 
 def storages(tensors: Sequence[Tensor]) -> dict[int, int]:
@@ -470,7 +490,7 @@ class AdapterFetcher:
                 with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                     if response.status == 204:
                         return None
-                    data = response.read(DEFAULT_MAX_ADAPTER_BYTES + 1)
+                    data = response.read(self.model.max_bytes + 1)
                     version = int(response.headers.get(VERSION_HEADER, "0"))
                     sha256 = response.headers.get(SHA256_HEADER, "")
             except (OSError, ValueError) as exc:   # URLError and HTTPError are OSErrors
@@ -509,9 +529,11 @@ class AdapterEndpoint:
             raise TypeError(f"model must be a HotSwapModel, got {type(model).__name__}")
         if token is not None and not isinstance(token, str):
             raise TypeError("token must be a str or None")
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-            raise ValueError(f"max_bytes must be a positive int, got {max_bytes!r}")
-        self.model, self.max_bytes = model, max_bytes
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"max_bytes must be a positive int (0: derived from the model), got {max_bytes!r}")
+        if max_bytes:   # the flag's limit, for the fetcher too
+            model.max_bytes = max_bytes
+        self.model, self.max_bytes = model, model.max_bytes
         self._token = token.encode() if token else None
         self._loads: Counter | None = None
         if metrics is not None:
