@@ -51,7 +51,7 @@ from solrl.adapters.lora import PREFIX, check_state
 from solrl.adapters.merge import lora_layout, lora_targets, merge_lora
 from solrl.models.base import ModelSpec
 from solrl.precision import PrecisionConfig, build_backend
-from solrl.precision.base import replace_module, with_model_skips
+from solrl.precision.base import allow_tf32, replace_module, with_model_skips
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,8 @@ class HotSwapModel:
         # trainer's LoRA
         self.lora, self.switchable = lora, bool(switchable)
         base = base.eval().requires_grad_(False)
+        self._device = next(iter(base.parameters()), torch.empty(0)).device
+        allow_tf32(self._device)   # the FP32 LoRA layers of the regenerator, on tensor cores (CUDA only)
         self._skeleton = meta_skeleton(base)   # the plain model's structure, no storage
         self._layouts: dict[LoraSpec, dict[str, tuple[int, ...]]] = {}
         self._set_backend(precision, precision.backend)
@@ -162,7 +164,6 @@ class HotSwapModel:
         kept = lora_targets(self._skeleton, LoraSpec(1, 1.0, patterns)) if keep else {}
         # target name -> its original weight: the only weights kept beside the served ones
         self._originals: dict[str, Tensor] = {n: base.get_submodule(n).weight.detach() for n in kept}
-        self._device = next(iter(base.parameters()), torch.empty(0)).device
         self._host: dict[str, Tensor] = {}
         if self.switchable:
             memo: dict[int, Tensor] = {}   # tied tensors stay tied
