@@ -291,3 +291,28 @@ def test_an_explorer_process_holds_no_second_copy_over_ten_pushes(tmp_path):
     print(f"start {start_kib} KiB, after push 1 {rss[0]}, after push 10 {rss[-1]}, peak {peak}, fp32 {fp32_kib}")
     assert abs(grown) < fp32_kib // 10, (start_kib, rss, peak, fp32_kib)     # ten pushes: the bytes of one (within noise)
     assert peak - start_kib < fp32_kib, (start_kib, peak, fp32_kib)   # never a second model beside the first
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["fp8", "bf16"])
+def test_on_cuda_ten_pushes_allocate_what_one_does(backend):
+    """On a GPU (Transformer Engine fp8 needs sm_89+): torch's allocated CUDA bytes after ten pushes equal those
+    after one, and the served output equals a freshly merged build."""
+    torch.manual_seed(0)
+    base = Toy(256).cuda().to(torch.bfloat16)
+    precision = PrecisionConfig(backend)
+    spec = LoraSpec(rank=4, alpha=8.0, target_modules=("to_q", "to_k"))
+    x = torch.randn(16, 256, device="cuda", dtype=torch.bfloat16)
+    hot = HotSwapModel(copy.deepcopy(base), None, precision, targets=spec.target_modules)
+    allocated = []
+    for version in range(1, 11):
+        state, data = adapter(base, spec, version)
+        push(hot, data, version)
+        torch.cuda.synchronize()
+        allocated.append(torch.cuda.memory_allocated())
+    with torch.no_grad():
+        got = hot.current().module(x)
+        want = fresh(base, precision, state, spec)(x) if hot.merges else None
+    assert allocated == [allocated[0]] * 10, allocated
+    if want is not None:
+        assert torch.equal(got, want)
