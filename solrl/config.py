@@ -104,6 +104,9 @@ class RolloutConfig:
     # e+1's rollouts are sampled with the adapter before epoch e's update, so in the services mode they are
     # produced while the trainer trains epoch e (docs/method.md, "Pipelined epochs")
     staleness: int = 0
+    # prompts whose text encodings are kept (LRU; solrl.rollout.PromptCache): bounds what a long run holds
+    # (SD3.5 / FLUX: 2.7 / 4.2 MB a prompt, kept in host memory on CUDA)
+    prompt_cache_entries: int = 1024
 
 
 @dataclass
@@ -129,6 +132,10 @@ class TrainConfig:
     ema_decay: float = 0.9
     old_decay_rate: float = 0.001       # old <- d*old + (1-d)*new, d = min(rate*step, cap)
     old_decay_cap: float = 0.5
+    # recompute each transformer block's activations in the backward pass (diffusers'
+    # enable_gradient_checkpointing): "auto" = on for real models on CUDA (solrl.trainer.use_gradient_checkpointing),
+    # "true" / "false" = always / never
+    gradient_checkpointing: str = "auto"
 
 
 @dataclass
@@ -189,7 +196,8 @@ class RunConfig:
 
             if importlib.util.find_spec("wandb") is None:
                 raise ConfigError(f"wandb={self.wandb!r} needs the wandb package: pip install 'solrl[wandb]'")
-        for name in ("prompts_per_epoch", "pool", "kept", "explore_steps", "steps", "micro_batch"):
+        for name in ("prompts_per_epoch", "pool", "kept", "explore_steps", "steps", "micro_batch",
+                     "prompt_cache_entries"):
             if getattr(r, name) <= 0:
                 raise ConfigError(f"rollout.{name} must be positive, got {getattr(r, name)}")
         if r.mode not in MODES:
@@ -204,6 +212,9 @@ class RunConfig:
             raise ConfigError(f"sampler.solver must be one of {SOLVERS} or empty, got {self.sampler.solver!r}")
         if self.sampler.guidance < 1.0 or self.sampler.shift <= 0:
             raise ConfigError("sampler.guidance must be >= 1 and sampler.shift > 0")
+        if t.gradient_checkpointing not in ("auto", "true", "false"):
+            raise ConfigError(f"train.gradient_checkpointing must be auto, true or false, got "
+                              f"{t.gradient_checkpointing!r}")
         if not 0 < t.timestep_fraction <= 1:
             raise ConfigError(f"train.timestep_fraction must be in (0, 1], got {t.timestep_fraction}")
         if not math.isfinite(t.conv_lr) or t.conv_lr < 0:

@@ -112,7 +112,8 @@ class Session:
         except PromptSetError as exc:
             raise ConfigError(f"prompts: {exc}") from None
         return cls(cfg, model, adapters, trainer, explorer, build_reward(cfg.reward), sampler,
-                   PromptCache(model), prompts, prompt_sampler(cfg.prompts.train, prompts, cfg.prompts.relation_share),
+                   PromptCache(model, cfg.rollout.prompt_cache_entries), prompts,
+                   prompt_sampler(cfg.prompts.train, prompts, cfg.prompts.relation_share),
                    eval_prompts,
                    local_explorer=local_explorer)
 

@@ -23,7 +23,42 @@ from solrl.algo import (
 )
 from solrl.config import ConfigError, RunConfig, TrainConfig
 from solrl.models.base import Cond, T2IModel
+from solrl.precision.base import allow_tf32
 from solrl.sampling import SDEStep, flow_sigmas, sde_step_with_logprob
+
+
+def use_gradient_checkpointing(setting: str, model: T2IModel) -> bool:
+    """Whether the trainer recomputes block activations in the backward pass (train.gradient_checkpointing).
+    "true" / "false": as said. "auto": on for a real model (a diffusers pipeline: SANA, SD3.5, FLUX, Wan2.2) on
+    CUDA, where a row's activations at the real resolution are gigabytes (SD3.5-L at 1024 px: about 16 GB), and
+    off for the shapes model and on the CPU, where they are small and the recompute would only cost time. The
+    rule is this simple one until the planner's memory model (solrl/plan.py) says per layout whether the
+    trainer fits without it."""
+    if setting not in ("auto", "true", "false"):
+        raise ValueError(f"train.gradient_checkpointing must be auto, true or false, got {setting!r}")
+    if setting != "auto":
+        return setting == "true"
+    from solrl.models.diffusers_t2i import DiffusersT2I
+    from solrl.models.wan import WanModel
+
+    param = next(model.transformer.parameters(), None)
+    return isinstance(model, (DiffusersT2I, WanModel)) and param is not None and param.is_cuda
+
+
+def set_gradient_checkpointing(transformer: torch.nn.Module, on: bool) -> bool:
+    """Turn diffusers' gradient checkpointing on (or off) in every denoiser of `transformer` (both experts of
+    Wan2.2 A14B); returns whether it is now on (False where the denoiser does not support it). The numbers do
+    not change: the blocks' forwards are recomputed in the backward pass (torch.utils.checkpoint)."""
+    from diffusers import ModelMixin
+
+    denoisers = [m for m in transformer.modules()
+                 if isinstance(m, ModelMixin) and getattr(m, "_supports_gradient_checkpointing", False)]
+    for m in denoisers:
+        if on:
+            m.enable_gradient_checkpointing()
+        elif m.is_gradient_checkpointing:
+            m.disable_gradient_checkpointing()
+    return bool(on and denoisers)
 
 
 @dataclass
@@ -45,6 +80,10 @@ class NFTTrainer:
     def __init__(self, model: T2IModel, adapters: LoraAdapters, cfg: TrainConfig, rollout_steps: int,
                  shift: float = 1.0) -> None:
         self.model, self.adapters, self.cfg = model, adapters, cfg
+        param = next(adapters.model.parameters(), None)
+        allow_tf32(param.device if param is not None else "cpu")   # FP32 LoRA matmuls on tensor cores (CUDA)
+        self.gradient_checkpointing = set_gradient_checkpointing(
+            adapters.model, use_gradient_checkpointing(cfg.gradient_checkpointing, model))
         self.params = adapters.trainable_parameters()
         # train.conv_lr > 0: the LoRA on convolutions in a second parameter group at its own learning rate (one
         # group otherwise, so optimizer checkpoints of runs without it keep their layout)

@@ -94,8 +94,8 @@ def test_a_vanished_pod_is_dropped_from_a_push_and_a_late_pod_fetches_the_adapte
         late = plane(tiny_model())
         assert AdapterFetcher(url, "wrong", late.hot).fetch() is None and late.hot.current().version == 0
         late.hot.fetcher = AdapterFetcher(url, TOKEN, late.hot)
-        served = late.hot.acquire(min_version=1, timeout=5)   # a job needing version 1: fetched, not waited for
-        assert (served.version, served.sha256) == (1, sha256_hex(data))
+        with late.hot.serving(min_version=1, timeout=5) as served:   # a job needing version 1: fetched, not waited for
+            assert (served.version, served.sha256) == (1, sha256_hex(data))
         pusher.current = None
         assert httpx.get(f"{url}/v1/adapter/current", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 204
     finally:

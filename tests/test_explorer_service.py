@@ -85,9 +85,13 @@ class World:
         return explore(self.model, self.refs[version], list(prompts), [list(s) for s in seeds], steps,
                        SamplerSpec(), self.scorer, k, "best_worst")
 
+    def served_model(self) -> ShapesModel:
+        """A model for a plane of its own: the plane serves (and re-quantizes) its transformer in place."""
+        return ShapesModel(copy.deepcopy(self.model.transformer), self.model.text_encoder)
+
     def plane(self, model: ShapesModel | None = None, **kwargs) -> ExplorerDataPlane:
         kwargs = {"steps": 2, "kept": 2, **kwargs}
-        return ExplorerDataPlane(model or self.model, PRECISION, self.lora, kwargs.pop("scorer", self.scorer),
+        return ExplorerDataPlane(model or self.served_model(), PRECISION, self.lora, kwargs.pop("scorer", self.scorer),
                                  **kwargs)
 
 
@@ -313,17 +317,22 @@ class GatedShapes(ShapesModel):
 
 
 def test_explore_in_flight_finishes_on_the_version_it_began_with(world):
-    gated = GatedShapes(world.model)
+    gated = GatedShapes(world.served_model())
     s = Served(world.plane(gated))
     try:
         results: list = []
         caller = threading.Thread(target=lambda: results.append(s.explore()))
         caller.start()
         assert gated.entered.wait(30)              # step 1 of 2 is under way on version 0
-        assert s.push(world.payloads[1], 1).status_code == 200
-        assert s.version() == 1
+        pushed: list = []
+        pusher = threading.Thread(target=lambda: pushed.append(s.push(world.payloads[1], 1)))
+        pusher.start()
+        pusher.join(1.0)                           # the push waits for the call: the one copy is not changed under it
+        assert pusher.is_alive() and not pushed and s.version() == 0
         gated.release.set()
         caller.join(60)
+        pusher.join(60)
+        assert pushed[0].status_code == 200 and s.version() == 1
         assert_matches(results[0], world, 0)       # both steps ran on version 0
         assert_matches(s.explore(), world, 1)      # the next call gets the new one
     finally:
@@ -425,7 +434,7 @@ def test_rejected_pushes_keep_the_old_version(world, served):
 def test_an_unpinned_server_serves_the_layout_each_adapter_declares(world):
     """Started without LoRA flags (as compose and the manifests start it), a worker takes rank, alpha and
     targets from each pushed adapter's metadata, and the result equals the core's merged copy."""
-    s = Served(ExplorerDataPlane(world.model, PRECISION, None, world.scorer, steps=2, kept=2))
+    s = Served(ExplorerDataPlane(world.served_model(), PRECISION, None, world.scorer, steps=2, kept=2))
     try:
         assert s.push(world.payloads[1], 1).status_code == 200      # rank 2 / alpha 4, all four targets
         assert_matches(s.explore(min_adapter_version=1), world, 1)

@@ -87,6 +87,10 @@ class World:
             ref.sync(self.adapters.merged_weights("default"), version)
             self.merged[version] = self._regenerate(ref.module, kept_seeds)
 
+    def served_model(self) -> ShapesModel:
+        """A model for a plane of its own: the plane rounds and serves its transformer in place."""
+        return ShapesModel(copy.deepcopy(self.model.transformer), self.model.text_encoder)
+
     def _regenerate(self, denoiser, seeds):
         return regenerate(self.model, denoiser, [PROMPT], [seeds], 2, SamplerSpec(), self.scorer)
 
@@ -124,7 +128,7 @@ class Served:
 
 @pytest.fixture
 def served(world) -> Iterator[Served]:
-    s = Served(RegeneratorDataPlane(world.model, PRECISION, world.lora, world.scorer, steps=2))
+    s = Served(RegeneratorDataPlane(world.served_model(), PRECISION, world.lora, world.scorer, steps=2))
     yield s
     s.close()
 
@@ -205,7 +209,8 @@ def test_pushed_adapters_serve_exactly_what_the_trainer_computes(world, served):
 
 
 def test_regenerate_waits_for_the_explorers_adapter_version(world):
-    plane = RegeneratorDataPlane(world.model, PRECISION, world.lora, world.scorer, steps=2, version_wait_s=0.1)
+    plane = RegeneratorDataPlane(world.served_model(), PRECISION, world.lora, world.scorer, steps=2,
+                                 version_wait_s=0.1)
     s = Served(plane)
     try:
         with pytest.raises(grpc.RpcError) as info:
@@ -288,22 +293,27 @@ def test_command_line_serves_the_saved_model(world):
     assert not runner.is_alive()
 
 
-def test_unmerged_versions_share_the_base_weights(world):
-    """A push to the bf16 regenerator allocates only the LoRA: every version runs on the same prepared base
-    tensors, and the caller's model is left as it was."""
-    from services.common.adapter_reload import HotSwapModel
+def test_the_regenerator_holds_one_base_and_pushes_add_only_the_lora(world):
+    """The bf16 regenerator serves the model it was given, rounded in place (no second copy of the base);
+    a push adds only the fp32 LoRA layers, the next push reuses them, and the output stays the core's."""
+    from services.common.adapter_reload import HotSwapModel, storages
 
-    hot = HotSwapModel(world.model.transformer, world.lora, PRECISION)
-    assert not hot.merges
-    v0 = hot.current().module
-    hot.load(world.payloads[1], version=1, sha256=sha256_hex(world.payloads[1]))
-    v1 = hot.current().module
-    assert v1 is not v0 and hot.current().version == 1
-    base = {p.data_ptr() for p in v0.parameters()}
-    lora = [p for n, p in v1.named_parameters() if ".lora_" in n]
-    plain = [p for n, p in v1.named_parameters() if ".lora_" not in n]
-    assert lora and all(p.data_ptr() not in base for p in lora)
-    assert len(plain) == len(base) and all(p.data_ptr() in base for p in plain)
-    assert not any(".lora_" in n for n, _ in v0.named_parameters())  # version 0 is not changed by the push
-    fresh = load_model("shapes", world.path).transformer.state_dict()
-    assert all(torch.equal(t, fresh[k]) for k, t in world.model.transformer.state_dict().items())
+    given = world.served_model().transformer
+    hot = HotSwapModel(given, world.lora, PRECISION)
+    assert not hot.merges and hot.current().module is given
+    base = storages([*given.parameters(), *given.buffers()])
+    assert storages(hot.resident_tensors()) == base   # version 0: the base alone, nothing kept beside it
+    sizes = []
+    for version in (1, 2):
+        hot.load(world.payloads[version], version=version, sha256=sha256_hex(world.payloads[version]))
+        with hot.serving() as cur:
+            assert cur.module is given and cur.version == version
+            got = world._regenerate(cur.module, [SEEDS[i] for i in KEPT])
+        np.testing.assert_array_equal(got.rewards, world.expected[version].rewards)
+        torch.testing.assert_close(got.x0, world.expected[version].x0, rtol=0, atol=0)
+        resident = storages(hot.resident_tensors())
+        lora = storages([p for n, p in given.named_parameters() if ".lora_" in n])
+        pushed = storages(list(hot._adapter[0].values()))   # the adapter as pushed (re-applied on a failed push)
+        assert lora and base.keys() <= resident.keys() and resident.keys() - base.keys() == lora.keys() | pushed.keys()
+        sizes.append(sum(resident.values()))
+    assert sizes[0] == sizes[1]

@@ -23,7 +23,9 @@ from solrl.config import MODEL_NAMES, REWARD_FRAMES
 from solrl.precision.config import BACKEND_NAMES
 from solrl.queue.base import QueueConfig
 
-DEFAULT_MAX_ADAPTER_BYTES = 512 << 20   # the largest adapter a rollout service accepts (LoadAdapter, PUT, fetch)
+# the largest adapter a rollout service accepts (LoadAdapter, PUT, fetch); 0: derived at start from the served
+# model's LoRA layout (services.common.adapter_reload.adapter_cap), so a Wan2.2 A14B rank-32 adapter fits
+DEFAULT_MAX_ADAPTER_BYTES = 0
 # What one request may hold, per door (--max-request-bytes), sized from the largest request a run sends:
 # - reward: one batch of the largest images, 64 (the default --max-batch and rollout micro-batch) x 1024 x 1024
 #   x 3 uint8 = 192 MiB; 256 MiB leaves a third on top. A bigger batch (a video run scoring every frame of its
@@ -81,7 +83,8 @@ def add_model_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], 
                    help=f"the trainer's ops URL (env {ENV_TRAINER_URL}, e.g. http://trainer:8093): fetch the current "
                         "adapter from it at start and whenever a job needs a newer one than was pushed here")
     p.add_argument("--max-adapter-bytes", type=int, default=DEFAULT_MAX_ADAPTER_BYTES,
-                   help="largest LoadAdapter payload accepted (bytes)")
+                   help="largest adapter payload accepted, in bytes (default 0: derived from the served model's LoRA "
+                        "targets and rank: A and B of every target in FP32 plus header room)")
     add_request_limit(p, DEFAULT_MAX_ROLLOUT_REQUEST_BYTES)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     add_address_arguments(p, addr)

@@ -168,12 +168,13 @@ def default_sampler(model: T2IModel) -> SamplerSpec:
 class RolloutPlane:
     """A hot-reloadable copy of `model.transformer` serving one rollout role.
 
-    `model.transformer` becomes the plain base the adapters are applied to (kept as given); `precision`
+    `model.transformer` is served in place (the plane takes it over; HotSwapModel); `precision`
     is combined with the model's quantization skip list; `lora` pins the layout pushed adapters must
     have (None: each adapter's own metadata). A request for a newer adapter version than served waits up to `version_wait_s`.
     """
 
     SERVICE = ""
+    SWITCHES_PRECISION = False   # the explorer's adaptive proxy switches its backend (HotSwapModel.use)
 
     def __init__(self, model: T2IModel, precision: PrecisionConfig, lora: LoraSpec | None, scorer: Scorer, *,
                  model_name: str, steps: int, sampler: SamplerSpec | None, micro_batch: int, max_seeds: int,
@@ -193,7 +194,9 @@ class RolloutPlane:
         self.sampler = resolve_sampler(default_sampler(model), *(
             (sampler.solver, sampler.shift, sampler.guidance) if sampler is not None else ()))
         self.version_wait_s = float(version_wait_s)
-        self.hot = HotSwapModel(model.transformer, lora, serving_precision(precision, model.spec))
+        # the one copy of the denoiser: model.transformer is served in place (see HotSwapModel)
+        self.hot = HotSwapModel(model.transformer, lora, serving_precision(precision, model.spec),
+                                targets=model.spec.lora_targets, switchable=self.SWITCHES_PRECISION)
         self.cache = PromptCache(model)
         self.available_precisions = runnable_backends()  # what this machine can build: fixed for the process
         self._closed = False

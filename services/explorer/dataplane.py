@@ -84,11 +84,12 @@ def selection_generator(seeds: list[list[int]]) -> torch.Generator:
 
 
 class ExplorerDataPlane(RolloutPlane):
+    SWITCHES_PRECISION = True
     SERVICE = "explorer"
 
     """Explore over a hot-reloadable low-precision copy of `model.transformer`.
 
-    `model.transformer` becomes the plain base the adapters merge into (kept as given); `precision`
+    `model.transformer` is served in place (the plane takes it over; HotSwapModel); `precision`
     is combined with the model's quantization skip list; `lora` pins the layout pushed adapters must
     have (None: each adapter's own metadata). Defaults for requests that leave them out: `steps`, `kept`, `selection`, `sampler`.
     A request for a newer adapter version than served waits up to `version_wait_s`.
@@ -179,10 +180,10 @@ class ExplorerDataPlane(RolloutPlane):
                 self.hot.use(wanted, label)
             except (ImportError, RuntimeError) as exc:  # a backend this machine cannot run (e.g. TE without CUDA)
                 raise ValueError(f"{f['precision']}: {precision!r} cannot run on this explorer: {exc}") from None
-        # this call's copy, whatever is pushed later
-        serving = self.hot.acquire(min_version, self.version_wait_s, wanted)
-        result = explore(self.model, serving.module, prompts, pools, steps, sampler, self.scorer, k, selection,
-                         selection_generator(pools), self.micro_batch, self.cache)
+        # this call's version, held to its end (a push waits for it)
+        with self.hot.serving(min_version, self.version_wait_s, wanted) as serving:
+            result = explore(self.model, serving.module, prompts, pools, steps, sampler, self.scorer, k, selection,
+                             selection_generator(pools), self.micro_batch, self.cache)
         return ExploreOutcome(result.seeds, np.asarray(result.scores, dtype=np.float32), result.kept,
                               serving.version, serving.sha256, result.forwards, serving.label)
 

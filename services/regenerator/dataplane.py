@@ -48,10 +48,9 @@ class RegeneratorDataPlane(RolloutPlane):
 
     """Regenerate over a hot-reloadable copy of `model.transformer` in `precision` (BF16 by default).
 
-    `model.transformer` becomes the plain base the adapters are applied to (kept as given; unmerged
-    in bf16 / fp32, see HotSwapModel); `lora` pins the
-    layout pushed adapters must have (None: each adapter's own metadata). A request for a newer adapter version
-    than served waits up to
+    `model.transformer` is the one base: rounded in place and served, pushed adapters carried unmerged as
+    fp32 LoRA layers on it (HotSwapModel; no second copy); `lora` pins the layout pushed adapters must have
+    (None: each adapter's own metadata). A request for a newer adapter version than served waits up to
     `version_wait_s`.
     """
 
@@ -73,9 +72,11 @@ class RegeneratorDataPlane(RolloutPlane):
         seeds = check_seeds(seeds, f["seeds"], self.max_seeds)
         steps = self.steps if steps is None else check_int(steps, f["steps"], 1, self.max_steps)
         min_version = check_int(min_version, f["min_version"], 0, 2**63 - 1)
-        serving = self.hot.acquire(min_version, self.version_wait_s)  # this call's copy, whatever is pushed later
-        result = regenerate(self.model, serving.module, [prompt], [seeds], steps,
-                            self.sampler if sampler is None else sampler, self.scorer, self.micro_batch, self.cache)
+        # this call's version, held to its end (a push waits for it)
+        with self.hot.serving(min_version, self.version_wait_s) as serving:
+            result = regenerate(self.model, serving.module, [prompt], [seeds], steps,
+                                self.sampler if sampler is None else sampler, self.scorer, self.micro_batch,
+                                self.cache)
         sde = result.trajectory is not None
         return RegenerateOutcome(result.seeds, result.x0.detach().float().cpu(), result.images,
                                  np.asarray(result.rewards, dtype=np.float32), serving.version, serving.sha256,

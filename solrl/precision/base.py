@@ -117,6 +117,20 @@ def is_plain_linear(module: nn.Module) -> bool:
     )
 
 
+def allow_tf32(device: torch.device | str) -> bool:
+    """On a CUDA `device`, let FP32 matmuls and convolutions use TF32 tensor cores (torch's "high" float32
+    matmul precision): the FP32 LoRA branches (the trainer's, the regenerator's unmerged ones) and any FP32
+    layer then run at tensor-core speed with a 10-bit mantissa in the products, as the reference trainers
+    run. Called where the GPU roles build their models (the trainer, HotSwapModel). Nothing changes on
+    the CPU (returns False there); the setting is process-wide."""
+    if torch.device(device).type != "cuda":
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    return True
+
+
 def round_to_bf16(t: torch.Tensor) -> torch.Tensor:
     """bf16 rounding chosen by device: on CUDA a real bf16 tensor; elsewhere the
     bf16-rounded values kept in `t`'s own dtype (this CPU has no fast bf16 compute)."""

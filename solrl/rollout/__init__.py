@@ -17,6 +17,7 @@ identical batches and give identical scores.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,21 +55,60 @@ class Generated:
     log_probs: torch.Tensor | None = None
 
 
-class PromptCache:
-    """Encoded prompts, computed once per prompt (the text encoder is frozen)."""
+PROMPT_CACHE_ENTRIES = 1024         # prompts whose encodings a PromptCache keeps (rollout.prompt_cache_entries)
+HOST_CACHE_MIN_BYTES = 1 << 20      # an encoding at least this large (T5-class encoders) is kept in host memory
 
-    def __init__(self, model: T2IModel) -> None:
-        self.model = model
-        self._cache: dict[str, Cond] = {}
+
+class PromptCache:
+    """Encoded prompts, computed once per prompt (the text encoder is frozen) and kept for the `max_entries`
+    prompts used last (LRU: a long run's prompt set does not pile up). On a CUDA model an encoding of at least
+    HOST_CACHE_MIN_BYTES (SD3.5's and FLUX's T5 embeddings: 2.7 and 4.2 MB a prompt) is kept in host memory
+    and moved to the model's device for each batch; smaller ones stay on the device. Moves and eviction do not
+    change the numbers: a prompt encodes to the same values whenever it is encoded."""
+
+    def __init__(self, model: T2IModel, max_entries: int = PROMPT_CACHE_ENTRIES) -> None:
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+        self.model, self.max_entries = model, max_entries
+        self._cache: OrderedDict[str, Cond] = OrderedDict()
+        self._device: torch.device | None = None   # where the text encoder's outputs (and the model) are
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def __contains__(self, prompt: str) -> bool:
+        return prompt in self._cache
 
     def __call__(self, prompts: list[str]) -> Cond:
         missing = sorted({p for p in prompts if p not in self._cache})
+        if len(set(prompts)) > self.max_entries:
+            raise ValueError(f"{len(set(prompts))} distinct prompts in one batch exceed the prompt cache's "
+                             f"{self.max_entries} entries (rollout.prompt_cache_entries)")
         if missing:
             with torch.no_grad():
                 enc = self.model.encode(missing)
+            self._device = enc.embeds.device
             for i, p in enumerate(missing):
-                self._cache[p] = enc.index(slice(i, i + 1))
-        return Cond.cat([self._cache[p] for p in prompts])
+                # a copy of its own row (a view would keep the whole batch alive), where it is kept
+                self._cache[p] = _to(enc.index(slice(i, i + 1)), self._home(enc), copy=True)
+        for p in prompts:
+            self._cache.move_to_end(p)
+        while len(self._cache) > self.max_entries:
+            self._cache.popitem(last=False)
+        return _to(Cond.cat([self._cache[p] for p in prompts]), self._device)
+
+    def _home(self, enc: Cond) -> torch.device:
+        """Where an encoding is kept: host memory for a large one on CUDA, else its own device."""
+        row = enc.index(slice(0, 1))
+        size = sum(t.numel() * t.element_size() for t in (row.embeds, row.mask, row.pooled) if t is not None)
+        return torch.device("cpu") if enc.embeds.is_cuda and size >= HOST_CACHE_MIN_BYTES else enc.embeds.device
+
+
+def _to(cond: Cond, device: torch.device, copy: bool = False) -> Cond:
+    def move(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.to(device, copy=copy)
+
+    return Cond(move(cond.embeds), move(cond.mask), move(cond.pooled))
 
 
 def generate(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds: list[int], steps: int,
