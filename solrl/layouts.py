@@ -18,6 +18,8 @@ import shlex
 from typing import Any
 
 PORTS = {"reward": (8001, 8080), "explorer": (8011, 8091), "regenerator": (8021, 8092), "trainer": (8031, 8093)}
+# services/Dockerfile's ENGINE build argument: Transformer Engine in the explorer's image only (its NVFP4 / FP8)
+ENGINE = {"explorer": "ENGINE: te, ", "regenerator": "", "reward": "", "trainer": ""}
 TRAINER_ENTRY = ["torchrun", "--standalone", "--no-python", "solrl", "serve", "trainer"]
 
 
@@ -54,7 +56,7 @@ def _devices(gpus: list[int], indent: str) -> str:
 def _build(role: str) -> str:
     grpc, http = PORTS[role]
     return ("    build:\n      context: .\n      dockerfile: services/Dockerfile\n      target: gpu\n"
-            f'      args: {{FLAVOR: gpu, ROLE: {role}, GRPC_PORT: "{grpc}", HTTP_PORT: "{http}"}}\n'
+            f'      args: {{FLAVOR: gpu, {ENGINE[role]}ROLE: {role}, GRPC_PORT: "{grpc}", HTTP_PORT: "{http}"}}\n'
             f"    image: solrl/{role}:gpu\n")
 
 
@@ -218,7 +220,7 @@ x-{role}: &{role}
     context: .
     dockerfile: services/Dockerfile
     target: gpu
-    args: {{{{FLAVOR: gpu, ROLE: {role}, GRPC_PORT: "{PORTS[role][0]}", HTTP_PORT: "{PORTS[role][1]}"}}}}
+    args: {{{{FLAVOR: gpu, {ENGINE[role]}ROLE: {role}, GRPC_PORT: "{PORTS[role][0]}", HTTP_PORT: "{PORTS[role][1]}"}}}}
   image: solrl/{role}:gpu
   environment:
     <<: [*base-env, *run-env, *queue-env]

@@ -630,9 +630,14 @@ def dockerfile_image(args: dict[str, str], target: str | None = None) -> Image:
     return image
 
 
+TE_ROLES = {"explorer"}   # the roles whose GPU image carries Transformer Engine (services/Dockerfile's ENGINE)
+TE_VERSION = "2.20.2"
+
+
 def role_args(role: str, flavor: str = "cpu") -> dict[str, str]:
     grpc_port, http_port = PORTS[role]
-    return {"FLAVOR": flavor, "ROLE": role, "GRPC_PORT": str(grpc_port), "HTTP_PORT": str(http_port)}
+    engine = "te" if flavor == "gpu" and role in TE_ROLES else "none"
+    return {"FLAVOR": flavor, "ENGINE": engine, "ROLE": role, "GRPC_PORT": str(grpc_port), "HTTP_PORT": str(http_port)}
 
 
 def entry_command(image: Image, args: list[str], env: dict[str, str] | None = None) -> list[str]:
@@ -691,10 +696,16 @@ def test_dockerfile_targets_user_healthcheck_and_entry(role):
         assert f"{flavor}-base" in image.stages and f"{'gpu' if flavor == 'cpu' else 'cpu'}-base" not in image.stages
         assert image.checks, "the build checks its arguments"
         base_runs = " ".join(image.runs)
-        if flavor == "gpu":
-            assert "transformer-engine" in base_runs and "torch==" not in base_runs, where
+        assert ("torch==2.13.0" in base_runs) == (flavor == "cpu"), where   # the GPU base brings its own torch
+        # Transformer Engine in exactly the roles that run it, pinned, from the te-wheels stage, import-checked
+        te_runs = [r for r in image.runs if "transformer-engine" in r or "transformer_engine" in r]
+        if flavor == "gpu" and role in TE_ROLES:
+            assert "app-te" in image.stages and len(te_runs) == 1, where
+            assert f'"transformer-engine[pytorch]=={TE_VERSION}"' in te_runs[0], where
+            assert "from=te-wheels" in te_runs[0] and "--find-links /wheels" in te_runs[0], where
+            assert te_runs[0].endswith('python -c "import transformer_engine.pytorch, peft"'), where
         else:
-            assert "torch==2.13.0" in base_runs and "transformer-engine" not in base_runs, where
+            assert "app-te" not in image.stages and not te_runs, where
         assert any("python -m solrl.protos_build" in r for r in image.runs)  # stubs generated in the build
         assert image.user and image.user not in ("root", "0"), where
         assert any(f"useradd --uid {image.user} " in r for r in image.runs), where
@@ -720,6 +731,25 @@ def test_dockerfile_targets_user_healthcheck_and_entry(role):
         server.close()
 
 
+def test_transformer_engine_is_built_once_pinned_for_hopper_and_blackwell():
+    """The te-wheels stage: every Transformer Engine package at one pinned version (the `gpu` extra's), the PyTorch
+    binding compiled for sm_90 and sm_100 only; never in the CPU / test install."""
+    import tomllib
+
+    stages = re.split(r"^FROM ", DOCKERFILE.read_text(), flags=re.MULTILINE)
+    (te,) = [st for st in stages if st.split("\n", 1)[0].endswith(" AS te-wheels")]
+    env = dict(i.partition("=")[::2] for instr, rest in dockerfile_instructions("FROM x\n" + te) if instr == "ENV"
+               for i in shlex.split(rest))
+    assert env["NVTE_CUDA_ARCHS"] == "90;100" and env["TORCH_CUDA_ARCH_LIST"] == "9.0;10.0", env
+    assert env["NVTE_FRAMEWORK"] == "pytorch" and int(env["MAX_JOBS"]) > 0
+    pins = re.findall(r"transformer[-_]engine[\w\-\[\]]*==([\w.]+)", DOCKERFILE.read_text())
+    assert len(pins) >= 4 and set(pins) == {TE_VERSION}, pins
+    assert "transformer-engine-torch==" in te and "--no-build-isolation" in te
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["gpu"] == [f"transformer-engine[pytorch]=={TE_VERSION}"]
+    assert not [d for name, deps in extras.items() if name != "gpu" for d in deps if "transformer" in d and "engine" in d]
+
+
 def test_dockerfile_refuses_a_missing_or_unknown_role_and_a_mismatched_flavor():
     good = role_args("explorer")
     dockerfile_image(good, "cpu")
@@ -731,7 +761,13 @@ def test_dockerfile_refuses_a_missing_or_unknown_role_and_a_mismatched_flavor():
         ({k: v for k, v in good.items() if k != "HTTP_PORT"}, "cpu", "HTTP_PORT"),
         ({**good, "HTTP_PORT": "80a"}, "cpu", "HTTP_PORT"),
         ({k: v for k, v in good.items() if k != "FLAVOR"}, "gpu", "FLAVOR=gpu"),   # --target gpu, CPU base
-        ({**good, "FLAVOR": "gpu"}, "cpu", "FLAVOR=cpu"),
+        (role_args("explorer", "gpu"), "cpu", "FLAVOR=cpu"),
+        # Transformer Engine in the GPU explorer, and nowhere else
+        ({**role_args("explorer", "gpu"), "ENGINE": "none"}, "gpu", "takes ENGINE=te"),
+        ({**role_args("reward", "gpu"), "ENGINE": "te"}, "gpu", "takes ENGINE=none"),
+        ({**role_args("trainer", "gpu"), "ENGINE": "te"}, "gpu", "takes ENGINE=none"),
+        ({**role_args("regenerator", "gpu"), "ENGINE": "te"}, "gpu", "takes ENGINE=none"),
+        ({**good, "ENGINE": "te"}, "cpu", "takes ENGINE=none"),
     ]:
         with pytest.raises(BuildRefused, match=re.escape(says)):
             dockerfile_image(args, target)
