@@ -49,6 +49,7 @@ from services.regenerator import server as regenerator_server
 from services.reward import server as reward_server
 from services.trainer import server as trainer_server
 from solrl.distributed import GROUP_EXPLORERS, STREAM_EXPLORE
+from solrl.models import ENV_CUDA_STANDIN
 from solrl.rewards import available_rewards, reward_info
 from solrl.telemetry import read_metrics
 
@@ -117,6 +118,13 @@ def test_serve_reads_are_derived_from_the_code():
 
 
 REQUIRE = os.environ.get("SOLRL_REQUIRE_DEPLOY_TOOLS") == "1"
+
+
+@pytest.fixture()
+def cuda_stand_in(monkeypatch):
+    """The GPU files' runs set model.device=cuda, which a run config accepts only where CUDA is: here the CPU stands
+    in for it (solrl.models.ENV_CUDA_STANDIN, tests only), so their settings resolve as on a GPU node."""
+    monkeypatch.setenv(ENV_CUDA_STANDIN, "1")
 
 
 def tool(name: str) -> str:
@@ -252,7 +260,7 @@ def _device_ids(svc: dict) -> list[str]:
 
 @pytest.mark.parametrize("name, layout", [("docker-compose.yml", "disaggregated"),
                                           ("docker-compose.colocated.yml", "colocated")])
-def test_gpu_compose_places_the_roles_as_the_plan_does(name, layout):
+def test_gpu_compose_places_the_roles_as_the_plan_does(name, layout, cuda_stand_in):
     """The plan of the run the file starts (its default SOLRL_PRESET and SOLRL_SET, as the trainer resolves them)
     gives the file's GPUs: explorer and regenerator replicas, the trainer's torchrun ranks (one GPU each)."""
     services = compose_services(name)
@@ -422,20 +430,20 @@ def test_k8s_ports_env_probes_and_security(k8s_tree, overlay):
 
 
 @pytest.mark.parametrize("overlay, backend", [("b200", "nvfp4"), ("hopper", "fp8")])
-def test_gpu_overlays_explore_with_their_generation_s_format(k8s_tree, overlay, backend):
+def test_gpu_overlays_explore_with_their_generation_s_format(k8s_tree, overlay, backend, cuda_stand_in):
     """The run env the explorers read sets the Transformer Engine format the GPU generation has, and the run
     config it yields validates (the same resolution the services do)."""
     from solrl.config import RunConfig, apply_overrides
 
     (env,) = [d["data"] for d in kustomize(k8s_tree, overlay)
               if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("solrl-run-env")]
-    assert env["SOLRL_SET"] == f"rollout.explore_precision.backend={backend}"
-    cfg = apply_overrides(RunConfig.load(ROOT / "k8s" / "base" / "run.json"), [env["SOLRL_SET"]]).validate()
-    assert cfg.rollout.explore_precision.backend == backend
+    assert env["SOLRL_SET"] == f"model.device=cuda rollout.explore_precision.backend={backend}"
+    cfg = apply_overrides(RunConfig.load(ROOT / "k8s" / "base" / "run.json"), env["SOLRL_SET"].split()).validate()
+    assert cfg.rollout.explore_precision.backend == backend and cfg.model.device == "cuda"
 
 
 @pytest.mark.parametrize("overlay, gpu", [("b200", "b200"), ("hopper", "h100")])
-def test_gpu_overlays_place_the_roles_as_the_plan_does(k8s_tree, overlay, gpu):
+def test_gpu_overlays_place_the_roles_as_the_plan_does(k8s_tree, overlay, gpu, cuda_stand_in):
     """The plan of the overlay's own run (run.json and its SOLRL_SET, as the trainer resolves them) on 8 GPUs of
     its kind gives the overlay's replicas and the trainer's ranks and GPUs."""
     from solrl.config import RunConfig, apply_overrides
@@ -1035,6 +1043,8 @@ def _role_settings(role: str, args: list[str], env: dict[str, str], files: dict[
     or a rollout service's settled model / precisions / reward (as its Info RPC reports them)."""
     from types import SimpleNamespace
 
+    import torch
+
     from services.common.rollout_shell import settle_role_args
 
     args = [str(files.get(a, a)) for a in args]
@@ -1045,7 +1055,7 @@ def _role_settings(role: str, args: list[str], env: dict[str, str], files: dict[
         return trainer_server.run_config(parsed)[0]
     s = settle_role_args(parsed, role)
     return SimpleNamespace(model=s.model, model_path=s.model_path or "", base_precision=s.base_precision,
-                           reward=s.reward, precision=s.precision)
+                           reward=s.reward, precision=s.precision, device=str(torch.device(s.device)) if s.device else "")
 
 
 def _assert_one_run(where: str, roles: dict[str, tuple[list[str], dict[str, str]]], files: dict[str, Path]) -> None:
@@ -1057,7 +1067,7 @@ def _assert_one_run(where: str, roles: dict[str, tuple[list[str], dict[str, str]
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
-def test_compose_gives_every_role_one_run(name):
+def test_compose_gives_every_role_one_run(name, cuda_stand_in):
     """The trainer's start-up check, applied to the file itself: the settings each rollout service
     resolves from its command and environment are those the trainer trains (with and without SOLRL_SET)."""
     for user_set in (None, "reward=jpeg_compressibility rollout.steps=4"):
@@ -1069,13 +1079,14 @@ def test_compose_gives_every_role_one_run(name):
         services = yaml.safe_load(out.stdout)["services"]
         roles = {s: (list(svc.get("command", [])), {k: str(v) for k, v in svc["environment"].items()})
                  for s, svc in services.items() if role_of(s) in ("explorer", "regenerator", "trainer")}
-        if user_set:
-            assert all(env.get("SOLRL_SET") == user_set for _, env in roles.values())
+        if user_set:   # after the GPU files' device
+            device = "" if name == "docker-compose.cpu.yml" else "model.device=cuda "
+            assert all(env.get("SOLRL_SET") == device + user_set for _, env in roles.values())
         _assert_one_run(f"{name} (SOLRL_SET={user_set!r})", roles, {})
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_k8s_gives_every_role_one_run(k8s_tree, overlay):
+def test_k8s_gives_every_role_one_run(k8s_tree, overlay, cuda_stand_in):
     docs = kustomize(k8s_tree, overlay)
     by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     roles = {}
@@ -1118,7 +1129,7 @@ def trainer_entry(source: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("source", TRAINER_ENTRIES)
-def test_trainer_entry_runs_under_torchrun(source, tmp_path):
+def test_trainer_entry_runs_under_torchrun(source, tmp_path, cuda_stand_in):
     """Each deployment's trainer entry command (torchrun over `solrl serve trainer`) as local processes: verbatim,
     with what a container network and volumes give moved to this machine (Redis and ports to 127.0.0.1, /runs and
     the run config to files here, torchrun's rendezvous address to 127.0.0.1) and at most 2 ranks (2 cores here).
@@ -1142,6 +1153,8 @@ def test_trainer_entry_runs_under_torchrun(source, tmp_path):
                 ENV_HTTP_PORT: str(http_port), trainer_server.ENV_EXPLORER_ADDRS: "",
                 trainer_server.ENV_REGENERATOR_ADDRS: "", "PET_NPROC_PER_NODE": str(min(ranks, 2))})
     env.pop("HF_HOME", None)   # a container path
+    if "model.device=cuda" in env.get("SOLRL_SET", ""):
+        env[ENV_CUDA_STANDIN] = "1"   # the GPU files' device, stood in by the CPU (cuda_stand_in)
     if "PET_MASTER_ADDR" in env:
         env.update({"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port())})
     files = {"/etc/solrl/run.json": ROOT / "k8s" / "base" / "run.json"}
