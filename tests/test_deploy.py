@@ -816,10 +816,27 @@ TOKEN = "deploy-test-token-3f9c"
 COMPOSE_ORDER = ("reward", "explorer", "regenerator", "trainer")
 
 
+def start_container_process(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path,
+                            grpc_port: int | None) -> subprocess.Popen:
+    """A container's command as a local process (`solrl` and torchrun on PATH, as in the image; one CPU thread here),
+    its output in `log_path`; with `grpc_port`, once it answers SERVING there (what the probes ask)."""
+    with open(log_path, "w") as log:
+        path = f"{Path(tool('solrl')).parent}{os.pathsep}{os.environ['PATH']}"
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **env, "OMP_NUM_THREADS": "1", "PATH": path})
+    deadline = time.monotonic() + 120
+    while grpc_port is not None and not grpc_serving(grpc_port):
+        assert proc.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, f"{argv} not SERVING after 120 s: {log_path.read_text()}"
+        time.sleep(0.3)
+    return proc
+
+
 class ComposeAsProcesses:
-    """docker-compose.cpu.yml as `docker-compose config` resolves it (its own interpolation of the
-    user's environment), each service started as its container would be: the ENTRYPOINT of the image its
-    `build` section makes of services/Dockerfile (`solrl serve <role>`, run verbatim with `solrl` on PATH),
+    """A compose file (`file`, docker-compose.cpu.yml by default; its services `names`) as `docker-compose config`
+    resolves it (its own interpolation of the user's environment), each service started as its container would
+    be: the ENTRYPOINT of the image its `build` section makes of services/Dockerfile (`solrl serve <role>`, run
+    verbatim with `solrl` on PATH),
     the service's `command`, the image's SOLRL_* ENV under the service's `environment` (the image's other
     ENV names container paths: HF_HOME=/cache/hf). The `redis` service too: its command (k8s/base/redis-acl.sh,
     which the file mounts, writing the ACL file and starting redis-server) and environment (the roles'
@@ -827,18 +844,19 @@ class ComposeAsProcesses:
     network gives is moved to this machine: every `service:port` to 127.0.0.1 and a free port, the `runs`
     volume to a directory."""
 
-    def __init__(self, tmp: Path, user_env: dict[str, str], namespace: str) -> None:
+    def __init__(self, tmp: Path, user_env: dict[str, str], namespace: str, file: str = "docker-compose.cpu.yml",
+                 names: tuple[str, ...] = COMPOSE_ORDER) -> None:
         exe = tool("docker-compose")
-        out = subprocess.run([exe, "-f", "docker-compose.cpu.yml", "config"], cwd=ROOT, check=True, text=True,
+        out = subprocess.run([exe, "-f", file, "config"], cwd=ROOT, check=True, text=True,
                              capture_output=True, env={**os.environ, **user_env})
         self.compose = yaml.safe_load(out.stdout)
         self.services = self.compose["services"]
         self.images = {name: dockerfile_image({k: str(v) for k, v in self.services[name]["build"]["args"].items()},
-                                              self.services[name]["build"]["target"]) for name in COMPOSE_ORDER}
+                                              self.services[name]["build"]["target"]) for name in names}
         self.tmp, self.runs = tmp, tmp / "runs"
         self.runs.mkdir(parents=True, exist_ok=True)
         self.moved = {"redis:6379": f"127.0.0.1:{free_port()}"}
-        for name in COMPOSE_ORDER:
+        for name in names:
             env = self.services[name]["environment"]
             for key in (ENV_GRPC_PORT, ENV_HTTP_PORT):
                 self.moved[f"{name}:{env[key]}"] = f"127.0.0.1:{free_port()}"
@@ -904,22 +922,15 @@ class ComposeAsProcesses:
                 a = str(self.runs / a.removeprefix("/runs/"))
             args.append(a)
         image = self.images[name]
-        assert entry_command(image, args, self.env(name)) == ["solrl", "serve", name, *args]
+        assert entry_command(image, args, self.env(name)) == ["solrl", "serve", role_of(name), *args]
         return [*image.entrypoint, *args]
 
     def start(self, name: str, wait: bool = True) -> subprocess.Popen:
         log_path = self.tmp / f"{name}-{len(self.logs)}.log"
         self.logs.append(log_path)
-        with open(log_path, "w") as log:
-            path = f"{Path(tool('solrl')).parent}{os.pathsep}{os.environ['PATH']}"   # solrl on PATH, as in the image
-            proc = subprocess.Popen(self.argv(name), cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **self.env(name), "OMP_NUM_THREADS": "1", "PATH": path})
+        proc = start_container_process(self.argv(name), self.env(name), log_path, self.tmp,
+                                       self.port(name, ENV_GRPC_PORT) if wait else None)
         self.procs[name] = proc
-        deadline = time.monotonic() + 120
-        while wait and not grpc_serving(self.port(name, ENV_GRPC_PORT)):
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, f"{name} not SERVING after 120 s: {log_path.read_text()}"
-            time.sleep(0.3)
         return proc
 
     def healthcheck(self, name: str, port: int) -> int:
@@ -1103,11 +1114,13 @@ def test_k8s_gives_every_role_one_run(k8s_tree, overlay, cuda_stand_in):
 TRAINER_ENTRIES = ["docker-compose.yml", "docker-compose.colocated.yml", "k8s/overlays/b200", "k8s/overlays/cpu-demo"]
 
 
-def trainer_entry(source: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
+def trainer_entry(source: str, tmp: Path, run_set: str | None = DEPLOY_SET) -> tuple[list[str], dict[str, str]]:
     """The trainer container of `source` (a compose file, or an overlay's Job) as it starts: its argv (compose:
     entrypoint + command; k8s: command + args) and environment (compose: the image's SOLRL_* ENV under the
-    service's; k8s: the container's env, its completion index as pod 0 has it), for the DEPLOY_SET run."""
-    user = {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_SET": DEPLOY_SET, "SOLRL_RUN_ID": "entry"}
+    service's; k8s: the container's env, its completion index as pod 0 has it), for the run_set run (the user's
+    SOLRL_SET; None: the file's own)."""
+    user = {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_RUN_ID": "entry",
+            **({"SOLRL_SET": run_set} if run_set is not None else {})}
     if source.startswith("k8s/"):
         tree = tmp / "k8s"
         shutil.copytree(ROOT / "k8s", tree)

@@ -286,7 +286,7 @@ def check_workers(pusher: AdapterPusher, cfg: RunConfig, timeout_s: float = 600.
                             f"({exc.code().name}: {exc.details()})")
             continue
         seen.append({"role": role, "address": address, "model": info.model, "precision": info.precision,
-                     "base_precision": info.base_precision, "reward": info.reward,
+                     "base_precision": info.base_precision, "reward": info.reward, "device": info.device,
                      "adapter_version": info.adapter_version.version})
         problems += worker_mismatches(role, address, info, cfg)
         if info.adapter_version.version > version:
@@ -440,8 +440,8 @@ def serve(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, resume: bool,
             ckpt = latest_checkpoint(run_dir) if resume else None
             version = json.loads((ckpt / "state.json").read_text())["adapter_version"] if ckpt else 0
             for w in check_workers(pusher, cfg, args.workers_timeout_s, version):
-                say(f"{w['role']} {w['address']}: {w['model']} {w['precision']} (base {w['base_precision']}), "
-                    f"reward {w['reward']}, adapter version {w['adapter_version']}")
+                say(f"{w['role']} {w['address']}: {w['model']} {w['precision']} (base {w['base_precision']}) on "
+                    f"{w['device']}, reward {w['reward']}, adapter version {w['adapter_version']}")
             summary = run_distributed(cfg, run_dir, queue, counted_push(pusher, training), run_id=run_id,
                             rollout_timeout_s=args.rollout_timeout_s, log=say,
                             on_session=lambda remote: setattr(servicer, "remote", remote),
