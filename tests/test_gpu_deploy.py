@@ -50,12 +50,11 @@ from services.common.workers import ENV_QUEUE_NAMESPACE, ENV_REDIS_URL
 from services.trainer import server as trainer_server
 from solrl.models import ENV_CUDA_STANDIN
 
-pytestmark = pytest.mark.slow
 WANT = "cuda"   # the device every role of a GPU file loads on
 ROLLOUT = ("explorer", "regenerator")
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture()
 def cuda_stand_in(monkeypatch):
     monkeypatch.setenv(ENV_CUDA_STANDIN, "1")   # inherited by every process this test starts
 
@@ -81,8 +80,9 @@ def _trainer_cfg(source: str, tmp: Path):
                           {"/etc/solrl/run.json": tmp / "k8s" / "base" / "run.json"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("file", ["docker-compose.yml", "docker-compose.colocated.yml"])
-def test_gpu_compose_roles_load_on_the_file_s_device(file, tmp_path):
+def test_gpu_compose_roles_load_on_the_file_s_device(file, tmp_path, cuda_stand_in):
     """The file's Redis, reward, explorer-0 and regenerator-0 with their commands and environments (the file's own
     SOLRL_PRESET / SOLRL_SET: nothing is set for them here but the secrets)."""
     _redis_server_or_skip()
@@ -106,8 +106,9 @@ def test_gpu_compose_roles_load_on_the_file_s_device(file, tmp_path):
     check_devices(file, infos, workers, cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overlay", ["b200", "hopper"])
-def test_gpu_overlay_pods_load_on_the_overlay_s_device(overlay, tmp_path):
+def test_gpu_overlay_pods_load_on_the_overlay_s_device(overlay, tmp_path, cuda_stand_in):
     """The overlay's reward, explorer and regenerator Deployments' containers: the entry of the image their role builds
     (services/Dockerfile, gpu) with the container's args and env (ConfigMaps, Secrets as the overlay's files give
     them); what the cluster gives is moved here (ports to free ones on 127.0.0.1, the run config to its file, the
@@ -154,3 +155,54 @@ def test_gpu_overlay_pods_load_on_the_overlay_s_device(overlay, tmp_path):
         for proc in procs:
             proc.wait(timeout=30)
     check_devices(overlay, infos, workers, cfg)
+
+
+@pytest.mark.parametrize("global_state", [True, False])
+def test_explorer_calls_take_turns_on_a_backend_with_process_global_state(monkeypatch, global_state):
+    """Transformer Engine's autocast state is process-global (TransformerEngineBackend.global_state): concurrent
+    Explore calls on such a backend run their model calls one at a time; on a backend without it they overlap. Here the
+    NVFP4 emulation declares it (no TE on this machine); every call is the real explore, timed."""
+    import threading
+    import time
+
+    from services.explorer import dataplane
+    from solrl.models import load_model
+    from solrl.precision import PrecisionConfig
+    from solrl.precision.emulated import NVFP4EmuBackend
+    from solrl.rewards import build_reward
+
+    monkeypatch.setattr(NVFP4EmuBackend, "global_state", global_state)
+    real, lock = dataplane.explore, threading.Lock()
+    active, peak = [0], [0]
+
+    def timed(*args, **kwargs):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            time.sleep(0.3)   # long enough that unserialised calls meet
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(dataplane, "explore", timed)
+    plane = dataplane.ExplorerDataPlane(load_model("shapes"), PrecisionConfig("nvfp4-emu"), None,
+                                        build_reward("shapes"), steps=1, kept=2)
+    assert plane.serialised() == global_state
+    outcomes, errors = [], []
+
+    def call():
+        try:
+            outcomes.append(plane.explore(["a red circle"], seeds=[[1, 2]], kept=2))
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(outcomes) == 4
+    assert peak[0] == 1 if global_state else peak[0] > 1
+    assert len({tuple(o.scores.ravel().tolist()) for o in outcomes}) == 1   # same seeds, same result either way
