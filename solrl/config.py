@@ -304,7 +304,9 @@ class RunConfig:
         except (RuntimeError, ValueError) as e:
             raise ConfigError(f"model.device={self.model.device!r} is not a torch device (e.g. cpu, cuda, cuda:1): "
                               f"{e}") from None
-        if dev.type == "cuda" and not torch.cuda.is_available():
+        from solrl.models import cuda_stood_in
+
+        if dev.type == "cuda" and not torch.cuda.is_available() and not cuda_stood_in():
             raise ConfigError(f"model.device={self.model.device!r}: torch {torch.__version__} sees no CUDA device on "
                               "this machine (leave it empty or set cpu)")
         if dev.type not in ("cpu", "cuda"):

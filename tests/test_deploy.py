@@ -50,6 +50,7 @@ from services.regenerator import server as regenerator_server
 from services.reward import server as reward_server
 from services.trainer import server as trainer_server
 from solrl.distributed import GROUP_EXPLORERS, STREAM_EXPLORE
+from solrl.models import ENV_CUDA_STANDIN
 from solrl.rewards import available_rewards, reward_info
 from solrl.telemetry import read_metrics
 
@@ -130,6 +131,13 @@ def test_serve_reads_are_derived_from_the_code():
 
 
 REQUIRE = os.environ.get("SOLRL_REQUIRE_DEPLOY_TOOLS") == "1"
+
+
+@pytest.fixture()
+def cuda_stand_in(monkeypatch):
+    """The GPU files' runs set model.device=cuda, which a run config accepts only where CUDA is: here the CPU stands
+    in for it (solrl.models.ENV_CUDA_STANDIN, tests only), so their settings resolve as on a GPU node."""
+    monkeypatch.setenv(ENV_CUDA_STANDIN, "1")
 
 
 def tool(name: str) -> str:
@@ -267,7 +275,7 @@ def _device_ids(svc: dict) -> list[str]:
 
 @pytest.mark.parametrize("name, layout", [("docker-compose.yml", "disaggregated"),
                                           ("docker-compose.colocated.yml", "colocated")])
-def test_gpu_compose_places_the_roles_as_the_plan_does(name, layout):
+def test_gpu_compose_places_the_roles_as_the_plan_does(name, layout, cuda_stand_in):
     """The plan of the run the file starts (its default SOLRL_PRESET and SOLRL_SET, as the trainer resolves them)
     gives the file's GPUs: explorer and regenerator replicas, the trainer's torchrun ranks (one GPU each)."""
     services = compose_services(name)
@@ -439,20 +447,20 @@ def test_k8s_ports_env_probes_and_security(k8s_tree, overlay):
 
 
 @pytest.mark.parametrize("overlay, backend", [("b200", "nvfp4"), ("hopper", "fp8")])
-def test_gpu_overlays_explore_with_their_generation_s_format(k8s_tree, overlay, backend):
+def test_gpu_overlays_explore_with_their_generation_s_format(k8s_tree, overlay, backend, cuda_stand_in):
     """The run env the explorers read sets the Transformer Engine format the GPU generation has, and the run
     config it yields validates (the same resolution the services do)."""
     from solrl.config import RunConfig, apply_overrides
 
     (env,) = [d["data"] for d in kustomize(k8s_tree, overlay)
               if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("solrl-run-env")]
-    assert env["SOLRL_SET"] == f"rollout.explore_precision.backend={backend}"
-    cfg = apply_overrides(RunConfig.load(ROOT / "k8s" / "base" / "run.json"), [env["SOLRL_SET"]]).validate()
-    assert cfg.rollout.explore_precision.backend == backend
+    assert env["SOLRL_SET"] == f"model.device=cuda rollout.explore_precision.backend={backend}"
+    cfg = apply_overrides(RunConfig.load(ROOT / "k8s" / "base" / "run.json"), env["SOLRL_SET"].split()).validate()
+    assert cfg.rollout.explore_precision.backend == backend and cfg.model.device == "cuda"
 
 
 @pytest.mark.parametrize("overlay, gpu", [("b200", "b200"), ("hopper", "h100")])
-def test_gpu_overlays_place_the_roles_as_the_plan_does(k8s_tree, overlay, gpu):
+def test_gpu_overlays_place_the_roles_as_the_plan_does(k8s_tree, overlay, gpu, cuda_stand_in):
     """The plan of the overlay's own run (run.json and its SOLRL_SET, as the trainer resolves them) on 8 GPUs of
     its kind gives the overlay's replicas and the trainer's ranks and GPUs."""
     from solrl.config import RunConfig, apply_overrides
@@ -647,9 +655,14 @@ def dockerfile_image(args: dict[str, str], target: str | None = None) -> Image:
     return image
 
 
+TE_ROLES = {"explorer"}   # the roles whose GPU image carries Transformer Engine (services/Dockerfile's ENGINE)
+TE_VERSION = "2.20.2"
+
+
 def role_args(role: str, flavor: str = "cpu") -> dict[str, str]:
     grpc_port, http_port = PORTS[role]
-    return {"FLAVOR": flavor, "ROLE": role, "GRPC_PORT": str(grpc_port), "HTTP_PORT": str(http_port)}
+    engine = "te" if flavor == "gpu" and role in TE_ROLES else "none"
+    return {"FLAVOR": flavor, "ENGINE": engine, "ROLE": role, "GRPC_PORT": str(grpc_port), "HTTP_PORT": str(http_port)}
 
 
 def entry_command(image: Image, args: list[str], env: dict[str, str] | None = None) -> list[str]:
@@ -708,10 +721,16 @@ def test_dockerfile_targets_user_healthcheck_and_entry(role):
         assert f"{flavor}-base" in image.stages and f"{'gpu' if flavor == 'cpu' else 'cpu'}-base" not in image.stages
         assert image.checks, "the build checks its arguments"
         base_runs = " ".join(image.runs)
-        if flavor == "gpu":
-            assert "transformer-engine" in base_runs and "torch==" not in base_runs, where
+        assert ("torch==2.13.0" in base_runs) == (flavor == "cpu"), where   # the GPU base brings its own torch
+        # Transformer Engine in exactly the roles that run it, pinned, from the te-wheels stage, import-checked
+        te_runs = [r for r in image.runs if "transformer-engine" in r or "transformer_engine" in r]
+        if flavor == "gpu" and role in TE_ROLES:
+            assert "app-te" in image.stages and len(te_runs) == 1, where
+            assert f'"transformer-engine[pytorch]=={TE_VERSION}"' in te_runs[0], where
+            assert "from=te-wheels" in te_runs[0] and "--find-links /wheels" in te_runs[0], where
+            assert te_runs[0].endswith('python -c "import transformer_engine.pytorch, peft"'), where
         else:
-            assert "torch==2.13.0" in base_runs and "transformer-engine" not in base_runs, where
+            assert "app-te" not in image.stages and not te_runs, where
         assert any("python -m solrl.protos_build" in r for r in image.runs)  # stubs generated in the build
         assert image.user and image.user not in ("root", "0"), where
         assert any(f"useradd --uid {image.user} " in r for r in image.runs), where
@@ -737,6 +756,25 @@ def test_dockerfile_targets_user_healthcheck_and_entry(role):
         server.close()
 
 
+def test_transformer_engine_is_built_once_pinned_for_hopper_and_blackwell():
+    """The te-wheels stage: every Transformer Engine package at one pinned version (the `gpu` extra's), the PyTorch
+    binding compiled for sm_90 and sm_100 only; never in the CPU / test install."""
+    import tomllib
+
+    stages = re.split(r"^FROM ", DOCKERFILE.read_text(), flags=re.MULTILINE)
+    (te,) = [st for st in stages if st.split("\n", 1)[0].endswith(" AS te-wheels")]
+    env = dict(i.partition("=")[::2] for instr, rest in dockerfile_instructions("FROM x\n" + te) if instr == "ENV"
+               for i in shlex.split(rest))
+    assert env["NVTE_CUDA_ARCHS"] == "90;100" and env["TORCH_CUDA_ARCH_LIST"] == "9.0;10.0", env
+    assert env["NVTE_FRAMEWORK"] == "pytorch" and int(env["MAX_JOBS"]) > 0
+    pins = re.findall(r"transformer[-_]engine[\w\-\[\]]*==([\w.]+)", DOCKERFILE.read_text())
+    assert len(pins) >= 4 and set(pins) == {TE_VERSION}, pins
+    assert "transformer-engine-torch==" in te and "--no-build-isolation" in te
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["gpu"] == [f"transformer-engine[pytorch]=={TE_VERSION}"]
+    assert not [d for name, deps in extras.items() if name != "gpu" for d in deps if "transformer" in d and "engine" in d]
+
+
 def test_dockerfile_refuses_a_missing_or_unknown_role_and_a_mismatched_flavor():
     good = role_args("explorer")
     dockerfile_image(good, "cpu")
@@ -748,7 +786,13 @@ def test_dockerfile_refuses_a_missing_or_unknown_role_and_a_mismatched_flavor():
         ({k: v for k, v in good.items() if k != "HTTP_PORT"}, "cpu", "HTTP_PORT"),
         ({**good, "HTTP_PORT": "80a"}, "cpu", "HTTP_PORT"),
         ({k: v for k, v in good.items() if k != "FLAVOR"}, "gpu", "FLAVOR=gpu"),   # --target gpu, CPU base
-        ({**good, "FLAVOR": "gpu"}, "cpu", "FLAVOR=cpu"),
+        (role_args("explorer", "gpu"), "cpu", "FLAVOR=cpu"),
+        # Transformer Engine in the GPU explorer, and nowhere else
+        ({**role_args("explorer", "gpu"), "ENGINE": "none"}, "gpu", "takes ENGINE=te"),
+        ({**role_args("reward", "gpu"), "ENGINE": "te"}, "gpu", "takes ENGINE=none"),
+        ({**role_args("trainer", "gpu"), "ENGINE": "te"}, "gpu", "takes ENGINE=none"),
+        ({**role_args("regenerator", "gpu"), "ENGINE": "te"}, "gpu", "takes ENGINE=none"),
+        ({**good, "ENGINE": "te"}, "cpu", "takes ENGINE=none"),
     ]:
         with pytest.raises(BuildRefused, match=re.escape(says)):
             dockerfile_image(args, target)
@@ -789,10 +833,27 @@ TOKEN = "deploy-test-token-3f9c"
 COMPOSE_ORDER = ("reward", "explorer", "regenerator", "trainer")
 
 
+def start_container_process(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path,
+                            grpc_port: int | None) -> subprocess.Popen:
+    """A container's command as a local process (`solrl` and torchrun on PATH, as in the image; one CPU thread here),
+    its output in `log_path`; with `grpc_port`, once it answers SERVING there (what the probes ask)."""
+    with open(log_path, "w") as log:
+        path = f"{Path(tool('solrl')).parent}{os.pathsep}{os.environ['PATH']}"
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **env, "OMP_NUM_THREADS": "1", "PATH": path})
+    deadline = time.monotonic() + 120
+    while grpc_port is not None and not grpc_serving(grpc_port):
+        assert proc.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, f"{argv} not SERVING after 120 s: {log_path.read_text()}"
+        time.sleep(0.3)
+    return proc
+
+
 class ComposeAsProcesses:
-    """docker-compose.cpu.yml as `docker-compose config` resolves it (its own interpolation of the
-    user's environment), each service started as its container would be: the ENTRYPOINT of the image its
-    `build` section makes of services/Dockerfile (`solrl serve <role>`, run verbatim with `solrl` on PATH),
+    """A compose file (`file`, docker-compose.cpu.yml by default; its services `names`) as `docker-compose config`
+    resolves it (its own interpolation of the user's environment), each service started as its container would
+    be: the ENTRYPOINT of the image its `build` section makes of services/Dockerfile (`solrl serve <role>`, run
+    verbatim with `solrl` on PATH),
     the service's `command`, the image's SOLRL_* ENV under the service's `environment` (the image's other
     ENV names container paths: HF_HOME=/cache/hf). The `redis` service too: its command (k8s/base/redis-acl.sh,
     which the file mounts, writing the ACL file and starting redis-server) and environment (the roles'
@@ -800,18 +861,19 @@ class ComposeAsProcesses:
     network gives is moved to this machine: every `service:port` to 127.0.0.1 and a free port, the `runs`
     volume to a directory."""
 
-    def __init__(self, tmp: Path, user_env: dict[str, str], namespace: str) -> None:
+    def __init__(self, tmp: Path, user_env: dict[str, str], namespace: str, file: str = "docker-compose.cpu.yml",
+                 names: tuple[str, ...] = COMPOSE_ORDER) -> None:
         exe = tool("docker-compose")
-        out = subprocess.run([exe, "-f", "docker-compose.cpu.yml", "config"], cwd=ROOT, check=True, text=True,
+        out = subprocess.run([exe, "-f", file, "config"], cwd=ROOT, check=True, text=True,
                              capture_output=True, env={**os.environ, **user_env})
         self.compose = yaml.safe_load(out.stdout)
         self.services = self.compose["services"]
         self.images = {name: dockerfile_image({k: str(v) for k, v in self.services[name]["build"]["args"].items()},
-                                              self.services[name]["build"]["target"]) for name in COMPOSE_ORDER}
+                                              self.services[name]["build"]["target"]) for name in names}
         self.tmp, self.runs = tmp, tmp / "runs"
         self.runs.mkdir(parents=True, exist_ok=True)
         self.moved = {"redis:6379": f"127.0.0.1:{free_port()}"}
-        for name in COMPOSE_ORDER:
+        for name in names:
             env = self.services[name]["environment"]
             for key in (ENV_GRPC_PORT, ENV_HTTP_PORT):
                 self.moved[f"{name}:{env[key]}"] = f"127.0.0.1:{free_port()}"
@@ -877,22 +939,15 @@ class ComposeAsProcesses:
                 a = str(self.runs / a.removeprefix("/runs/"))
             args.append(a)
         image = self.images[name]
-        assert entry_command(image, args, self.env(name)) == ["solrl", "serve", name, *args]
+        assert entry_command(image, args, self.env(name)) == ["solrl", "serve", role_of(name), *args]
         return [*image.entrypoint, *args]
 
     def start(self, name: str, wait: bool = True) -> subprocess.Popen:
         log_path = self.tmp / f"{name}-{len(self.logs)}.log"
         self.logs.append(log_path)
-        with open(log_path, "w") as log:
-            path = f"{Path(tool('solrl')).parent}{os.pathsep}{os.environ['PATH']}"   # solrl on PATH, as in the image
-            proc = subprocess.Popen(self.argv(name), cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT,
-                                    env={**os.environ, **self.env(name), "OMP_NUM_THREADS": "1", "PATH": path})
+        proc = start_container_process(self.argv(name), self.env(name), log_path, self.tmp,
+                                       self.port(name, ENV_GRPC_PORT) if wait else None)
         self.procs[name] = proc
-        deadline = time.monotonic() + 120
-        while wait and not grpc_serving(self.port(name, ENV_GRPC_PORT)):
-            assert proc.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, f"{name} not SERVING after 120 s: {log_path.read_text()}"
-            time.sleep(0.3)
         return proc
 
     def healthcheck(self, name: str, port: int) -> int:
@@ -1016,6 +1071,8 @@ def _role_settings(role: str, args: list[str], env: dict[str, str], files: dict[
     or a rollout service's settled model / precisions / reward (as its Info RPC reports them)."""
     from types import SimpleNamespace
 
+    import torch
+
     from services.common.rollout_shell import settle_role_args
 
     args = [str(files.get(a, a)) for a in args]
@@ -1026,7 +1083,7 @@ def _role_settings(role: str, args: list[str], env: dict[str, str], files: dict[
         return trainer_server.run_config(parsed)[0]
     s = settle_role_args(parsed, role)
     return SimpleNamespace(model=s.model, model_path=s.model_path or "", base_precision=s.base_precision,
-                           reward=s.reward, precision=s.precision)
+                           reward=s.reward, precision=s.precision, device=str(torch.device(s.device)) if s.device else "")
 
 
 def _assert_one_run(where: str, roles: dict[str, tuple[list[str], dict[str, str]]], files: dict[str, Path]) -> None:
@@ -1038,7 +1095,7 @@ def _assert_one_run(where: str, roles: dict[str, tuple[list[str], dict[str, str]
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
-def test_compose_gives_every_role_one_run(name):
+def test_compose_gives_every_role_one_run(name, cuda_stand_in):
     """The trainer's start-up check, applied to the file itself: the settings each rollout service
     resolves from its command and environment are those the trainer trains (with and without SOLRL_SET)."""
     for user_set in (None, "reward=jpeg_compressibility rollout.steps=4"):
@@ -1050,13 +1107,14 @@ def test_compose_gives_every_role_one_run(name):
         services = yaml.safe_load(out.stdout)["services"]
         roles = {s: (list(svc.get("command", [])), {k: str(v) for k, v in svc["environment"].items()})
                  for s, svc in services.items() if role_of(s) in ("explorer", "regenerator", "trainer")}
-        if user_set:
-            assert all(env.get("SOLRL_SET") == user_set for _, env in roles.values())
+        if user_set:   # after the GPU files' device
+            device = "" if name == "docker-compose.cpu.yml" else "model.device=cuda "
+            assert all(env.get("SOLRL_SET") == device + user_set for _, env in roles.values())
         _assert_one_run(f"{name} (SOLRL_SET={user_set!r})", roles, {})
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_k8s_gives_every_role_one_run(k8s_tree, overlay):
+def test_k8s_gives_every_role_one_run(k8s_tree, overlay, cuda_stand_in):
     docs = kustomize(k8s_tree, overlay)
     by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
     roles = {}
@@ -1073,11 +1131,13 @@ def test_k8s_gives_every_role_one_run(k8s_tree, overlay):
 TRAINER_ENTRIES = ["docker-compose.yml", "docker-compose.colocated.yml", "k8s/overlays/b200", "k8s/overlays/cpu-demo"]
 
 
-def trainer_entry(source: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
+def trainer_entry(source: str, tmp: Path, run_set: str | None = DEPLOY_SET) -> tuple[list[str], dict[str, str]]:
     """The trainer container of `source` (a compose file, or an overlay's Job) as it starts: its argv (compose:
     entrypoint + command; k8s: command + args) and environment (compose: the image's SOLRL_* ENV under the
-    service's; k8s: the container's env, its completion index as pod 0 has it), for the DEPLOY_SET run."""
-    user = {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_SET": DEPLOY_SET, "SOLRL_RUN_ID": "entry"}
+    service's; k8s: the container's env, its completion index as pod 0 has it), for the run_set run (the user's
+    SOLRL_SET; None: the file's own)."""
+    user = {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_RUN_ID": "entry",
+            **({"SOLRL_SET": run_set} if run_set is not None else {})}
     if source.startswith("k8s/"):
         tree = tmp / "k8s"
         shutil.copytree(ROOT / "k8s", tree)
@@ -1099,7 +1159,7 @@ def trainer_entry(source: str, tmp: Path) -> tuple[list[str], dict[str, str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("source", TRAINER_ENTRIES)
-def test_trainer_entry_runs_under_torchrun(source, tmp_path):
+def test_trainer_entry_runs_under_torchrun(source, tmp_path, cuda_stand_in):
     """Each deployment's trainer entry command (torchrun over `solrl serve trainer`) as local processes: verbatim,
     with what a container network and volumes give moved to this machine (Redis and ports to 127.0.0.1, /runs and
     the run config to files here, torchrun's rendezvous address to 127.0.0.1) and at most 2 ranks (2 cores here).
@@ -1123,6 +1183,8 @@ def test_trainer_entry_runs_under_torchrun(source, tmp_path):
                 ENV_HTTP_PORT: str(http_port), trainer_server.ENV_EXPLORER_ADDRS: "",
                 trainer_server.ENV_REGENERATOR_ADDRS: "", "PET_NPROC_PER_NODE": str(min(ranks, 2))})
     env.pop("HF_HOME", None)   # a container path
+    if "model.device=cuda" in env.get("SOLRL_SET", ""):
+        env[ENV_CUDA_STANDIN] = "1"   # the GPU files' device, stood in by the CPU (cuda_stand_in)
     if "PET_MASTER_ADDR" in env:
         env.update({"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port())})
     files = {"/etc/solrl/run.json": ROOT / "k8s" / "base" / "run.json"}

@@ -20,6 +20,7 @@ from services.common.errors import NotFoundError, UnavailableError
 from services.common.grpc_server import MAX_GRPC_MESSAGE_SIZE
 from services.common.tensors import numpy_to_tensor, torch_to_tensor
 from solrl.adapters import LoraSpec
+from solrl.models import device_info, served_device
 from solrl.models.base import T2IModel
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
 from solrl.precision import PrecisionConfig, runnable_backends
@@ -219,7 +220,8 @@ class RolloutPlane:
                 "resident_weight_bytes": self.hot.weight_bytes()["total"],
                 "available_precisions": self.available_precisions,
                 "reward": getattr(self.scorer, "name", type(self.scorer).__name__),
-                "defaults": self.defaults(), "ready": self.ready(), **self.clip()}
+                "defaults": self.defaults(), "ready": self.ready(), **self.clip(),
+                **device_info(served_device(self.model))}
 
     def clip(self) -> dict[str, Any]:
         """A video model's clip and reward frames (Info's frames, height, width, reward_frames); {} for an image

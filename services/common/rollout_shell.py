@@ -95,6 +95,7 @@ def _explorer_start(c) -> tuple[str, int]:
 _FROM_RUN = {
     "model": lambda c, role: c.model.name,
     "model_path": lambda c, role: c.model.path or None,
+    "device": lambda c, role: c.model.device,
     "base_precision": lambda c, role: c.rollout.precision.backend,
     "reward": lambda c, role: c.reward,
     "micro_batch": lambda c, role: c.rollout.micro_batch,
@@ -171,7 +172,7 @@ def load_served_model(args: argparse.Namespace) -> tuple[T2IModel, LoraSpec | No
     """The model with its base weights rounded as the trainer holds them, and the pinned LoRA spec (if any)."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_model(args.model, args.model_path, **model_options(args))   # a video model's clip options
+    model = load_model(args.model, args.model_path, args.device or None, **model_options(args))   # a video's clip
     build_backend(PrecisionConfig(args.base_precision)).prepare(model.transformer)
     return model, pinned_lora(args, model)
 
@@ -206,7 +207,8 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
     if not svc.adapters.enabled:
         log.warning("%s is not set: adapter hot reload is refused (403)", ENV_ADAPTER_TOKEN)
     banner = (f"solrl {role}: grpc {svc.grpc.address}, http {svc.http.host}:{svc.http.port}, "
-              f"model {plane.model_name} ({plane.hot.backend}), reward {plane.info()['reward']}")
+              f"model {plane.model_name} ({plane.hot.backend}) on {plane.info()['device']}, "
+              f"reward {plane.info()['reward']}")
     try:
         return serve_until_stopped(stop, banner, svc.stop, log)
     finally:

@@ -10,6 +10,8 @@ in-process registry or a remote reward service) and the sampler defaults.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +37,7 @@ from solrl.adapters import LoraSpec
 from solrl.algo.selection import SELECTION_MODES
 from solrl.models.base import T2IModel
 from solrl.precision import PrecisionConfig
+from solrl.precision.base import BACKENDS
 from solrl.rewards import Scorer
 from solrl.rollout import SamplerSpec, explore
 from solrl.sampling.noise import SEED_LIMIT
@@ -106,6 +109,14 @@ class ExplorerDataPlane(RolloutPlane):
         if selection not in SELECTION_MODES:
             raise ValueError(f"selection must be one of {SELECTION_MODES}, got {selection!r}")
         self.selection = selection
+        # one model call at a time on a backend whose kernels keep process-global state (Transformer Engine's
+        # autocast recipe and scaling state): concurrent RPCs and queue jobs take turns on the device
+        self.device_lock = threading.Lock()
+
+    def serialised(self) -> bool:
+        """Whether the backend served now keeps process-global state (its calls then hold `device_lock`)."""
+        cls = BACKENDS.get(self.hot.backend)
+        return bool(cls is not None and cls.global_state)
 
     def defaults(self) -> dict[str, Any]:
         return {**super().defaults(), "kept": self.kept, "selection": self.selection}
@@ -180,8 +191,10 @@ class ExplorerDataPlane(RolloutPlane):
                 self.hot.use(wanted, label)
             except (ImportError, RuntimeError) as exc:  # a backend this machine cannot run (e.g. TE without CUDA)
                 raise ValueError(f"{f['precision']}: {precision!r} cannot run on this explorer: {exc}") from None
-        # this call's version, held to its end (a push waits for it)
-        with self.hot.serving(min_version, self.version_wait_s, wanted) as serving:
+        # this call's version, held to its end (a push waits for it); the device taken in turn where the
+        # backend's state is process-global
+        with (self.hot.serving(min_version, self.version_wait_s, wanted) as serving,
+              self.device_lock if self.serialised() else contextlib.nullcontext()):
             result = explore(self.model, serving.module, prompts, pools, steps, sampler, self.scorer, k, selection,
                              selection_generator(pools), self.micro_batch, self.cache)
         return ExploreOutcome(result.seeds, np.asarray(result.scores, dtype=np.float32), result.kept,

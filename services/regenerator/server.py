@@ -90,7 +90,8 @@ class RegeneratorServicer(regenerator_pb2_grpc.RegeneratorServicer):
             adapter_version=common_pb2.AdapterVersion(version=info["adapter_version"], sha256=info["adapter_sha256"]),
             resident_weight_bytes=info["resident_weight_bytes"], available_precisions=info["available_precisions"],
             frames=info.get("frames", 0), height=info.get("height", 0), width=info.get("width", 0),
-            reward_frames=info.get("reward_frames", ""))
+            reward_frames=info.get("reward_frames", ""), device=info["device"],
+            device_stand_in=info.get("device_stand_in", ""))
 
     def LoadAdapter(self, request: common_pb2.LoadAdapterRequest,
                     context: grpc.ServicerContext) -> common_pb2.LoadAdapterResponse:

@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
     p.add_argument("--rewards", default=",".join(DEFAULT_REWARDS),
                    help="comma-separated rewards to serve; start-up fails naming any that cannot be built "
                         f"(default: {','.join(DEFAULT_REWARDS)}, the ones that need no weights)")
+    p.add_argument("--device", default="",
+                   help="torch device of the scorers' models, e.g. cuda (default: CUDA where present, else the CPU)")
     add_address_arguments(p, addr)
     p.add_argument("--max-batch", type=int, default=64, help="images per scorer call")
     p.add_argument("--max-delay-ms", type=float, default=5.0, help="how long a request waits for others to batch with")

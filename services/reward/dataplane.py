@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from tritonclient.utils import np_to_triton_dtype
 
 import solrl
@@ -20,8 +21,10 @@ from services.common.errors import NotFoundError
 
 # the KServe model descriptors are the front door's (services.kserve.tensors); re-exported for the planes
 from services.kserve.tensors import MODEL_VERSION, PLATFORM, ModelMetadata, TensorSpec  # noqa: E402,F401
+from solrl.models import device_info
 from solrl.rewards import Scorer, build_reward, check_images, ready_rewards
 from solrl.rewards.frames import frame_incapable, score_frames
+from solrl.rewards.weights import default_device
 from solrl.world.shapes import PromptError
 
 IMAGES = TensorSpec("IMAGES", "UINT8", (-1, -1, -1, 3))
@@ -38,6 +41,8 @@ class RewardDataPlane:
 
     observe(model, n_requests, n_images, seconds) is called after every scorer call.
     """
+
+    device = ""   # where the scorers' models load ("": CUDA where present); set by build
 
     def __init__(self, scorers: Mapping[str, Scorer], *, max_batch: int = 64, max_delay_ms: float = 5.0,
                  observe: Callable[[str, int, int, float], None] | None = None) -> None:
@@ -59,18 +64,19 @@ class RewardDataPlane:
         }
 
     @classmethod
-    def build(cls, names: Sequence[str] | None = None, **kwargs: Any) -> RewardDataPlane:
+    def build(cls, names: Sequence[str] | None = None, device: str = "", **kwargs: Any) -> RewardDataPlane:
         """Scorers from the core registry (solrl.rewards.build_reward) for exactly `names`: a reward that
         cannot be built fails the whole build with ValueError naming each such reward and why, so a
         service never starts healthy without a reward it was asked for. names=None serves every reward
-        that can be built here (its packages installed and weights found locally)."""
+        that can be built here (its packages installed and weights found locally). `device`: where the scorers' models
+        load ("": CUDA where present, else the CPU)."""
         names = ready_rewards() if names is None else list(names)
         if not names:
             raise ValueError("names must list at least one reward")
         scorers, failed = {}, []
         for name in names:
             try:
-                scorers[name] = build_reward(name)
+                scorers[name] = build_reward(name, device or None)
             except Exception as exc:  # any failure to build names its reward (ImportError, OSError, ...)
                 failed.append(f"{name} ({type(exc).__name__}: {exc})")
         if failed:
@@ -79,7 +85,9 @@ class RewardDataPlane:
                 if callable(close):
                     close()
             raise ValueError(f"cannot serve reward(s) {', '.join(failed)}; docs/rewards.md says what each needs")
-        return cls(scorers, **kwargs)
+        plane = cls(scorers, **kwargs)
+        plane.device = str(torch.device(device)) if device else ""
+        return plane
 
     # ------------------------------------------------------------------ lifecycle and metadata
 
@@ -112,7 +120,7 @@ class RewardDataPlane:
     def info(self) -> dict[str, Any]:
         return {"service": "reward", "version": solrl.__version__, "models": self.models,
                 "max_batch": self.max_batch,
-                "max_delay_ms": self.max_delay_ms, "ready": self.ready()}
+                "max_delay_ms": self.max_delay_ms, "ready": self.ready(), **device_info(self.device or default_device())}
 
     def close(self) -> None:
         for b in self._batchers.values():

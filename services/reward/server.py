@@ -140,12 +140,13 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
     if not rewards:
         raise ValueError("--rewards: list at least one reward")
     metrics = ServiceMetrics("reward")
-    plane = RewardDataPlane.build(rewards, max_batch=args.max_batch, max_delay_ms=args.max_delay_ms,
+    plane = RewardDataPlane.build(rewards, args.device, max_batch=args.max_batch, max_delay_ms=args.max_delay_ms,
                                   observe=metrics.observe_batch)
     svc = start(plane, metrics, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                 max_workers=args.max_workers, max_request_bytes=args.max_request_bytes,
                 token=read_data_token(os.environ))
-    banner = f"solrl reward: grpc {svc.grpc.address}, http {svc.http.host}:{svc.http.port}, rewards {svc.plane.models}"
+    banner = (f"solrl reward: grpc {svc.grpc.address}, http {svc.http.host}:{svc.http.port}, "
+              f"rewards {svc.plane.models} on {plane.info()['device']}")
     return serve_until_stopped(stop, banner, svc.stop, log)
 
 

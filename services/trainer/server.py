@@ -72,6 +72,7 @@ from solrl.checkpoint import latest_checkpoint
 from solrl.config import ConfigError, RunConfig, resolve_run
 from solrl.dashboard import mount_dashboard
 from solrl.distributed import PIPELINE, RemoteSession, run_distributed
+from solrl.models import device_info
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2_grpc
 from solrl.pb.solrl.regenerator.v1 import regenerator_pb2_grpc
@@ -215,6 +216,8 @@ def worker_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> lis
               ("model path", info.model_path, cfg.model.path or "", "model.path"),
               ("base precision", info.base_precision, r.precision.backend, "rollout.precision.backend"),
               ("reward", info.reward, cfg.reward, "reward")]
+    if cfg.model.device:   # "" = each model's own default, which the trainer cannot know for another machine
+        checks.append(("on device", info.device, run_device(cfg), "model.device"))
     out = [f"{role} {address} serves {what} {got!r}, the run has {key}={want!r}"
            for what, got, want, key in checks if got != want]
     out += clip_mismatches(role, address, info, cfg)
@@ -234,6 +237,13 @@ def worker_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> lis
         key = "rollout.explore_precision.backend" if role == "explorer" else "rollout.precision.backend"
         out.append(f"{role} {address} serves precision {info.precision!r}, the run has {key}={want_precision!r}")
     return out
+
+
+def run_device(cfg: RunConfig) -> str:
+    """The run's model.device as a role reports it ("cuda", "cuda:1"; "" = the model's default)."""
+    import torch
+
+    return str(torch.device(cfg.model.device)) if cfg.model.device else ""
 
 
 def run_clip(cfg: RunConfig) -> dict[str, Any]:
@@ -277,7 +287,7 @@ def check_workers(pusher: AdapterPusher, cfg: RunConfig, timeout_s: float = 600.
                             f"({exc.code().name}: {exc.details()})")
             continue
         seen.append({"role": role, "address": address, "model": info.model, "precision": info.precision,
-                     "base_precision": info.base_precision, "reward": info.reward,
+                     "base_precision": info.base_precision, "reward": info.reward, "device": info.device,
                      "adapter_version": info.adapter_version.version})
         problems += worker_mismatches(role, address, info, cfg)
         if info.adapter_version.version > version:
@@ -414,7 +424,8 @@ def serve(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, resume: bool,
         st = servicer.remote.status if servicer.remote else None
         return {"service": "trainer", "version": solrl.__version__, "run_id": run_id, "run_dir": str(run_dir),
                 "grpc_port": server.port, "state": servicer.state(), "epochs": cfg.epochs, "trainer_ranks": ranks.world,
-                "epoch": st.epoch if st else 0, "error": st.error if st else "", "history": st.history if st else []}
+                "epoch": st.epoch if st else 0, "error": st.error if st else "", "history": st.history if st else [],
+                **device_info(run_device(cfg))}
 
     app = create_ops_app(metrics=metrics, ready=lambda: not stop.is_set(), info=info)
     mount_current_adapter(app, pusher, token)
@@ -430,8 +441,8 @@ def serve(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, resume: bool,
             ckpt = latest_checkpoint(run_dir) if resume else None
             version = json.loads((ckpt / "state.json").read_text())["adapter_version"] if ckpt else 0
             for w in check_workers(pusher, cfg, args.workers_timeout_s, version):
-                say(f"{w['role']} {w['address']}: {w['model']} {w['precision']} (base {w['base_precision']}), "
-                    f"reward {w['reward']}, adapter version {w['adapter_version']}")
+                say(f"{w['role']} {w['address']}: {w['model']} {w['precision']} (base {w['base_precision']}) on "
+                    f"{w['device']}, reward {w['reward']}, adapter version {w['adapter_version']}")
             summary = run_distributed(cfg, run_dir, queue, counted_push(pusher, training), run_id=run_id,
                             rollout_timeout_s=args.rollout_timeout_s, log=say,
                             on_session=lambda remote: setattr(servicer, "remote", remote),
@@ -453,7 +464,8 @@ def serve(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, resume: bool,
         server.start()
         http.start()
         print(f"solrl trainer: grpc {server.address}, http {http.host}:{http.port}, run {run_id} -> {run_dir}, "
-              f"{cfg.epochs} epochs" + (f", {ranks.world} data-parallel ranks" if ranks.parallel else ""), flush=True)
+              f"{cfg.epochs} epochs, model on {run_device(cfg) or 'its default device'}"
+              + (f", {ranks.world} data-parallel ranks" if ranks.parallel else ""), flush=True)
         # a daemon thread: on a signal the process exits without waiting for the epoch in progress
         threading.Thread(target=drive, name="driver", daemon=True).start()
         while not stop.wait(0.5):

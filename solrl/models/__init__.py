@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,19 +55,57 @@ def available_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
+# Tests only: a machine without a GPU runs a GPU deployment's roles (tests/test_gpu_deploy.py). Set to 1, a device
+# of type cuda passes the run config's check, the model loads on the CPU instead, and each CUDA-only precision
+# backend is built as its CPU emulation (the same format: solrl.precision.build_backend); every role still reports
+# the device it was asked for (`served_device`) and says that it was stood in. Never set it on a real node.
+ENV_CUDA_STANDIN = "SOLRL_TEST_CUDA_ON_CPU"
+log = logging.getLogger(__name__)
+
+
+def cuda_stood_in() -> bool:
+    """Whether CUDA is stood in by the CPU (ENV_CUDA_STANDIN, tests only)."""
+    return os.environ.get(ENV_CUDA_STANDIN) == "1"
+
+
+def served_device(model: T2IModel) -> str:
+    """The device `model` serves on: as `load_model` was asked ("cuda", "cuda:1"; under ENV_CUDA_STANDIN the one it
+    stands in for), else where its denoiser's weights are."""
+    return getattr(model, "served_device", "") or str(next(model.transformer.parameters()).device)
+
+
+def device_info(device: str) -> dict[str, str]:
+    """What a role reports of its device (/v1/info, the Info RPC): `device`, and `device_stand_in` (the CPU) when
+    a CUDA device is stood in (ENV_CUDA_STANDIN)."""
+    import torch
+
+    stood_in = device.startswith("cuda") and cuda_stood_in() and not torch.cuda.is_available()
+    return {"device": device, **({"device_stand_in": "cpu"} if stood_in else {})}
+
+
 def load_model(name: str, path: str | Path | None = None, device: str | None = None, **options) -> T2IModel:
     """Model `name` from `path` (None: its default location) on `device` (None or "": the model's default, the CPU
     for shapes and CUDA where present for the real models; `model.device` in a run's config). `options` go to
     loaders that take them (a video model's clip: frames, height, width, reward_frames;
-    `RunConfig.model_options()`); the image models take none."""
+    `RunConfig.model_options()`); the image models take none. The model's `served_device` names where it was
+    placed (with ENV_CUDA_STANDIN, the CUDA device it would be on)."""
+    import torch
+
     if name not in _REGISTRY:
         raise ValueError(f"unknown model {name!r}; available: {available_models()}")
     loader = _REGISTRY[name]
     if options and not getattr(loader, "takes_options", False):
         raise ValueError(f"model {name!r} takes no load options, got {sorted(options)}")
+    asked = str(torch.device(device)) if device else ""
+    if asked.startswith("cuda") and cuda_stood_in() and not torch.cuda.is_available():
+        log.warning("%s=1: model %s asked for %s loads on the CPU (a test stand-in, never a real node)",
+                    ENV_CUDA_STANDIN, name, asked)
+        device = "cpu"
     if device:
         options["device"] = device
-    return loader(str(path) if path is not None else None, **options)
+    model = loader(str(path) if path is not None else None, **options)
+    model.served_device = asked
+    return model
 
 
 def register_model(name: str, loader: Callable[[str | None], T2IModel]) -> None:
@@ -74,4 +114,5 @@ def register_model(name: str, loader: Callable[[str | None], T2IModel]) -> None:
     _REGISTRY[name] = loader
 
 
-__all__ = ["Cond", "ModelSpec", "T2IModel", "available_models", "load_model", "register_model"]
+__all__ = ["ENV_CUDA_STANDIN", "Cond", "ModelSpec", "T2IModel", "available_models", "cuda_stood_in", "device_info",
+           "load_model", "register_model", "served_device"]

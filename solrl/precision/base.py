@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import logging
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import ClassVar
@@ -103,6 +104,13 @@ def build_backend(cfg: PrecisionConfig) -> PrecisionBackend:
         raise ValueError(
             f"unknown precision backend {cfg.backend!r}; available: {available_backends()}"
         )
+    from solrl.models import ENV_CUDA_STANDIN, cuda_stood_in
+
+    emulation = sorted((n for n, c in BACKENDS.items() if c.emulates == cfg.backend), key=lambda n: "te-emu" not in n)
+    if emulation and cuda_stood_in() and not torch.cuda.is_available():  # tests only (solrl.models.ENV_CUDA_STANDIN)
+        logging.getLogger(__name__).warning("%s=1: precision %s built as its CPU emulation %s (a test stand-in)",
+                                            ENV_CUDA_STANDIN, cfg.backend, emulation[0])
+        return BACKENDS[emulation[0]](dataclasses.replace(cfg, backend=emulation[0]))
     return BACKENDS[cfg.backend](cfg)
 
 
@@ -152,6 +160,9 @@ class PrecisionBackend:
     quantizes: ClassVar[bool] = False
     # an emulation: the kernel backend whose numbers it reproduces (a worker on either serves the same format)
     emulates: ClassVar[str | None] = None
+    # its kernels keep process-global state (Transformer Engine's autocast): a serving process runs one model call
+    # at a time (services/explorer/dataplane.py)
+    global_state: ClassVar[bool] = False
 
     def __init__(self, cfg: PrecisionConfig) -> None:
         if not isinstance(cfg, PrecisionConfig):

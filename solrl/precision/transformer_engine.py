@@ -162,6 +162,7 @@ class TransformerEngineBackend(Bf16Backend):
     recipe: ClassVar[str]  # transformer_engine.common.recipe class the conversion uses
     block_size: ClassVar[int] = 16  # TE's FP8/FP4 GEMMs want dimensions that are multiples of 16
     quantizes = True
+    global_state = True  # te.autocast's recipe and amax state are process-global
 
     def selected_layers(self, model: nn.Module) -> list[str]:
         """nn.Linear names kept by skip / min_features whose in and out features are multiples of 16."""

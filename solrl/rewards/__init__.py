@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -45,14 +46,18 @@ class RewardInfo:
                 out += check()
         return out
 
-    def build(self) -> Scorer:
-        if isinstance(self.factory, str):
+    def build(self, device: str | None = None) -> Scorer:
+        """The scorer; `device` goes to scorers that hold a model (those taking `device`), the rest ignore it."""
+        factory = self.factory
+        if isinstance(factory, str):
             lacking = [m for m in self.requires if importlib.util.find_spec(m) is None]
             if lacking:
                 raise ImportError(f"reward {self.name!r} needs the packages {lacking}; install them (docs/rewards.md)")
-            mod, _, attr = self.factory.partition(":")
-            return getattr(importlib.import_module(mod), attr)()
-        return self.factory()
+            mod, _, attr = factory.partition(":")
+            factory = getattr(importlib.import_module(mod), attr)
+        if device and "device" in inspect.signature(factory).parameters:
+            return factory(device=device)
+        return factory()
 
 
 _REGISTRY: dict[str, RewardInfo] = {}
@@ -82,13 +87,14 @@ def ready_rewards() -> list[str]:
     return [n for n in available_rewards() if not _REGISTRY[n].missing()]
 
 
-def build_reward(name: str) -> Scorer:
-    """A scorer by registry name, or a weighted sum from a spec like 'pickscore:1.0+ocr:0.5'."""
+def build_reward(name: str, device: str | None = None) -> Scorer:
+    """A scorer by registry name, or a weighted sum from a spec like 'pickscore:1.0+ocr:0.5'; its models on `device`
+    (None: CUDA where present)."""
     from solrl.rewards.multi import MultiReward, is_spec, parse_spec
 
     if is_spec(name):
-        return MultiReward(parse_spec(name), build_reward)
-    return reward_info(name).build()
+        return MultiReward(parse_spec(name), lambda n: build_reward(n, device))
+    return reward_info(name).build(device)
 
 
 # the shapes world's rewards parse renders of that world: they cannot score a video model's frames

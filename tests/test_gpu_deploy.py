@@ -1,0 +1,208 @@
+"""Every GPU deployment file's roles load their models on the device its run settings give them.
+
+docker-compose.yml, docker-compose.colocated.yml and the b200 / hopper overlays (rendered by kustomize): each role
+started as a local process with its own command and environment, as tests/test_deploy.py runs the CPU compose file
+(its ComposeAsProcesses, container_env, kustomize, the trainer's settings as _role_settings resolves them), then
+asked what it loaded on: the reward and rollout services' /v1/info, the rollout services' Info RPC through the
+trainer's own start-up check (check_workers, which refuses a service on another device than model.device), the
+trainer's run config as its entry resolves it.
+
+What is stood in: this machine has no GPU, so SOLRL_TEST_CUDA_ON_CPU=1 (solrl.models.ENV_CUDA_STANDIN, read only
+where a device is resolved) lets a run config name model.device=cuda here, loads each model on the CPU instead and
+builds a CUDA-only precision (nvfp4, fp8) as its CPU emulation of the same format. Each role still reports the device
+it was asked to load on ("device", what these assertions read) and that the CPU stood in ("device_stand_in"). So this
+shows that the device reaches every role from the files, not that CUDA kernels run (the tests marked gpu do that).
+The shapes preset the files ship is what starts; each role is started to SERVING and asked, no epoch is run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import urllib.request
+from pathlib import Path
+
+import pytest
+from test_deploy import (
+    COMPOSE_SECRETS,
+    ROOT,
+    TOKEN,
+    ComposeAsProcesses,
+    _redis_or_skip,
+    _redis_server_or_skip,
+    _role_settings,
+    container_env,
+    containers,
+    dockerfile_image,
+    free_port,
+    kustomize,
+    role_args,
+    start_container_process,
+    trainer_entry,
+    write_overlay_secrets,
+)
+
+from services.common.adapter_reload import ENV_ADAPTER_TOKEN
+from services.common.env import ENV_GRPC_PORT, ENV_HOST, ENV_HTTP_PORT, ENV_QUEUE_KEY, ENV_REDIS_PASSWORD
+from services.common.rollout_plane import ENV_REWARD_ADDR
+from services.common.workers import ENV_QUEUE_NAMESPACE, ENV_REDIS_URL
+from services.trainer import server as trainer_server
+from solrl.models import ENV_CUDA_STANDIN
+
+WANT = "cuda"   # the device every role of a GPU file loads on
+ROLLOUT = ("explorer", "regenerator")
+
+
+@pytest.fixture()
+def cuda_stand_in(monkeypatch):
+    monkeypatch.setenv(ENV_CUDA_STANDIN, "1")   # inherited by every process this test starts
+
+
+def v1_info(http_port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v1/info", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def check_devices(where: str, infos: dict[str, dict], workers: list[dict], trainer_cfg) -> None:
+    """Each service's /v1/info and each rollout service's Info RPC say WANT (stood in by the CPU); the trainer's run
+    config names it."""
+    got = {name: (info.get("device"), info.get("device_stand_in")) for name, info in infos.items()}
+    assert got == {name: (WANT, "cpu") for name in infos}, f"{where}: {got}"
+    assert sorted(w["role"] for w in workers) == sorted(ROLLOUT) and all(w["device"] == WANT for w in workers), \
+        f"{where}: {workers}"
+    assert trainer_server.run_device(trainer_cfg) == WANT, f"{where}: the trainer's model.device"
+
+
+def _trainer_cfg(source: str, tmp: Path):
+    argv, env = trainer_entry(source, tmp, run_set=None)   # the file's own run settings
+    return _role_settings("trainer", argv[argv.index("trainer") + 1:], env,
+                          {"/etc/solrl/run.json": tmp / "k8s" / "base" / "run.json"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("file", ["docker-compose.yml", "docker-compose.colocated.yml"])
+def test_gpu_compose_roles_load_on_the_file_s_device(file, tmp_path, cuda_stand_in):
+    """The file's Redis, reward, explorer-0 and regenerator-0 with their commands and environments (the file's own
+    SOLRL_PRESET / SOLRL_SET: nothing is set for them here but the secrets)."""
+    _redis_server_or_skip()
+    names = ("reward", "explorer-0", "regenerator-0", "trainer")
+    stack = ComposeAsProcesses(tmp_path, {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN},
+                               f"solrl-test-gpu-{os.getpid()}-{free_port()}", file=file, names=names)
+    try:
+        stack.start_redis()
+        for name in names[:3]:
+            stack.start(name)
+        infos = {n: v1_info(stack.port(n, ENV_HTTP_PORT)) for n in names[:3]}
+        pusher = trainer_server.AdapterPusher([f"127.0.0.1:{stack.port('explorer-0', ENV_GRPC_PORT)}"],
+                                              [f"127.0.0.1:{stack.port('regenerator-0', ENV_GRPC_PORT)}"], TOKEN)
+        cfg = _trainer_cfg(file, tmp_path)
+        try:
+            workers = trainer_server.check_workers(pusher, cfg, timeout_s=30)   # the trainer's start-up check
+        finally:
+            pusher.close()
+    finally:
+        stack.stop()
+    check_devices(file, infos, workers, cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overlay", ["b200", "hopper"])
+def test_gpu_overlay_pods_load_on_the_overlay_s_device(overlay, tmp_path, cuda_stand_in):
+    """The overlay's reward, explorer and regenerator Deployments' containers: the entry of the image their role builds
+    (services/Dockerfile, gpu) with the container's args and env (ConfigMaps, Secrets as the overlay's files give
+    them); what the cluster gives is moved here (ports to free ones on 127.0.0.1, the run config to its file, the
+    reward's Service to the local reward). Redis: the local test one, without ACL users or signing, as the torchrun
+    entry test (tests/test_queue_security.py and the CPU compose test run the secured queue)."""
+    redis_url = "redis://127.0.0.1:6379/0"
+    _redis_or_skip(redis_url)
+    tree = tmp_path / "k8s"
+    shutil.copytree(ROOT / "k8s", tree)
+    write_overlay_secrets(tree, TOKEN)
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(tree, overlay)}
+    files = {"/etc/solrl/run.json": str(tree / "base" / "run.json")}
+    ports = {role: (free_port(), free_port()) for role in ("reward", *ROLLOUT)}
+    procs = []
+    try:
+        for role in ("reward", *ROLLOUT):
+            (c,) = containers(by_kind[("Deployment", role)])
+            env = container_env(c, by_kind)
+            env.pop(ENV_REDIS_PASSWORD, None)
+            env.pop(ENV_QUEUE_KEY, None)
+            env = {k: TOKEN if v == "<secret>" else v for k, v in env.items()}
+            env.update({ENV_HOST: "127.0.0.1", ENV_GRPC_PORT: str(ports[role][0]), ENV_HTTP_PORT: str(ports[role][1])})
+            if ENV_REDIS_URL in env:
+                env.update({ENV_REDIS_URL: redis_url, ENV_QUEUE_NAMESPACE: f"solrl-test-gpu-{overlay}-{os.getpid()}"})
+            if ENV_REWARD_ADDR in env:
+                env[ENV_REWARD_ADDR] = f"127.0.0.1:{ports['reward'][0]}"
+            env.pop("HF_HOME", None)   # a container path
+            image = dockerfile_image(role_args(role, "gpu"), "gpu")
+            argv = [*image.entrypoint, *[files.get(a, a) for a in c.get("args", [])]]
+            procs.append(start_container_process(argv, {**{k: v for k, v in image.env.items()
+                                                           if k.startswith("SOLRL_")}, **env},
+                                                 tmp_path / f"{role}.log", tmp_path, ports[role][0]))
+        infos = {role: v1_info(ports[role][1]) for role in ("reward", *ROLLOUT)}
+        pusher = trainer_server.AdapterPusher([f"127.0.0.1:{ports['explorer'][0]}"],
+                                              [f"127.0.0.1:{ports['regenerator'][0]}"], TOKEN)
+        cfg = _trainer_cfg(f"k8s/overlays/{overlay}", tmp_path / "trainer")
+        try:
+            workers = trainer_server.check_workers(pusher, cfg, timeout_s=30)
+        finally:
+            pusher.close()
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+    check_devices(overlay, infos, workers, cfg)
+
+
+@pytest.mark.parametrize("global_state", [True, False])
+def test_explorer_calls_take_turns_on_a_backend_with_process_global_state(monkeypatch, global_state):
+    """Transformer Engine's autocast state is process-global (TransformerEngineBackend.global_state): concurrent
+    Explore calls on such a backend run their model calls one at a time; on a backend without it they overlap. Here the
+    NVFP4 emulation declares it (no TE on this machine); every call is the real explore, timed."""
+    import threading
+    import time
+
+    from services.explorer import dataplane
+    from solrl.models import load_model
+    from solrl.precision import PrecisionConfig
+    from solrl.precision.emulated import NVFP4EmuBackend
+    from solrl.rewards import build_reward
+
+    monkeypatch.setattr(NVFP4EmuBackend, "global_state", global_state)
+    real, lock = dataplane.explore, threading.Lock()
+    active, peak = [0], [0]
+
+    def timed(*args, **kwargs):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            time.sleep(0.3)   # long enough that unserialised calls meet
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(dataplane, "explore", timed)
+    plane = dataplane.ExplorerDataPlane(load_model("shapes"), PrecisionConfig("nvfp4-emu"), None,
+                                        build_reward("shapes"), steps=1, kept=2)
+    assert plane.serialised() == global_state
+    outcomes, errors = [], []
+
+    def call():
+        try:
+            outcomes.append(plane.explore(["a red circle"], seeds=[[1, 2]], kept=2))
+        except Exception as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and len(outcomes) == 4
+    assert peak[0] == 1 if global_state else peak[0] > 1
+    assert len({tuple(o.scores.ravel().tolist()) for o in outcomes}) == 1   # same seeds, same result either way
