@@ -48,7 +48,7 @@ class Family:
     quant_min_features: int
     default_solver: str
     resolution: int                  # the reference's training resolution (docs/method.md)
-    max_sequence_length: int         # text tokens (the pipeline's default)
+    max_sequence_length: int         # text tokens, as the reference's training script encodes them
     gated: bool = False
 
 
@@ -61,6 +61,7 @@ SANA = Family(
     lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
     quant_skip=("patch_embed.*", "time_embed.*", "caption_projection.*", "proj_out", "*norm*",
                 "*attn1.to_q", "*attn1.to_k", "*attn1.to_v"),
+    # text: 300 Gemma tokens, SanaPipeline's default, which the reference's SANA rollouts keep
     quant_min_features=2240, default_solver="euler", resolution=1024, max_sequence_length=300,
 )
 SD35 = Family(
@@ -71,14 +72,18 @@ SD35 = Family(
     lora_targets=("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
                   "attn.add_v_proj", "attn.to_add_out"),
     quant_skip=("pos_embed.*", "time_text_embed.*", "context_embedder", "proj_out", "*norm*"),
-    quant_min_features=2432, default_solver="dpm2", resolution=1024, max_sequence_length=256, gated=True,
+    # text: 128 T5 tokens (+ CLIP's 77), as yifan123/flow_grpo scripts/train_sd3.py encodes prompts
+    # (compute_text_embeddings(..., max_sequence_length=128)); the pipeline's default is 256
+    quant_min_features=2432, default_solver="dpm2", resolution=1024, max_sequence_length=128, gated=True,
 )
 FLUX = Family(
     name="flux1-dev", repo_id="black-forest-labs/FLUX.1-dev", pipeline="FluxPipeline",
     components=("transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "scheduler"),
     lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
     quant_skip=("x_embedder", "time_text_embed.*", "context_embedder", "proj_out", "*norm*"),
-    quant_min_features=1000, default_solver="dpm2", resolution=512, max_sequence_length=512, gated=True,
+    # text: 128 T5 tokens, as yifan123/flow_grpo scripts/train_flux.py encodes prompts
+    # (compute_text_embeddings(..., max_sequence_length=128)); the pipeline's default 512 costs ~35% more per forward
+    quant_min_features=1000, default_solver="dpm2", resolution=512, max_sequence_length=128, gated=True,
 )
 FAMILIES: dict[str, Family] = {f.name: f for f in (SANA, SD35, FLUX)}
 
