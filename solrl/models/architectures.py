@@ -37,7 +37,8 @@ def _sana_inputs() -> dict[str, torch.Tensor]:
 
 
 def _sd35_inputs() -> dict[str, torch.Tensor]:
-    return {"hidden_states": torch.zeros(1, 16, 128, 128), "encoder_hidden_states": torch.zeros(1, 77 + _text("sd3.5-large"), 4096),
+    return {"hidden_states": torch.zeros(1, 16, 128, 128),
+            "encoder_hidden_states": torch.zeros(1, 77 + _text("sd3.5-large"), 4096),
             "pooled_projections": torch.zeros(1, 2048), "timestep": torch.tensor([500.0])}
 
 
