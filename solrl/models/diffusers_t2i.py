@@ -272,9 +272,6 @@ class DiffusersT2I(T2IModel):
             return np.zeros((0, side, side, 3), dtype=np.uint8)
         return np.concatenate(out)
 
-    def encode_uncond(self, n: int) -> Cond:
-        return self.encode([""] * n)
-
     text_tokenizer: ClassVar[str] = "tokenizer"   # the pipeline component whose length limit applies
 
     def max_sequence_length(self) -> int:
@@ -307,9 +304,9 @@ class SanaModel(DiffusersT2I):
     def encode(self, prompts: list[str]) -> Cond:
         return self._encode(list(prompts), self.complex_human_instruction)
 
-    def encode_uncond(self, n: int) -> Cond:
+    def encode_empty(self) -> Cond:
         # the pipeline's negative prompt: "" without the instruction
-        return self._encode([""] * n, None)
+        return self._encode([""], None)
 
     def velocity(self, transformer, x, t, cond):
         dev, dt, t = self._inputs(transformer, x, t, cond)
