@@ -373,12 +373,21 @@ class FluxModel(DiffusersT2I):
                                                     max_sequence_length=self.max_sequence_length())
         return Cond(embeds, torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device), pooled)
 
+    def _position_ids(self, h: int, w: int, text: int, dev: torch.device, dt: torch.dtype):
+        """The image and text position ids (the pipeline builds the image's on the host and copies them over: a host
+        sync per step), made once per shape and device."""
+        key = (h, w, text, dev, dt)
+        cache = self.__dict__.setdefault("_ids", {})
+        if key not in cache:
+            cache[key] = (self.pipe._prepare_latent_image_ids(1, h // 2, w // 2, dev, dt),
+                          torch.zeros(text, 3, device=dev, dtype=dt))
+        return cache[key]
+
     def velocity(self, transformer, x, t, cond):
         dev, dt, t = self._inputs(transformer, x, t, cond)
         b, c, h, w = x.shape
         packed = self.pipe._pack_latents(x.to(dev, dt), b, c, h, w)
-        img_ids = self.pipe._prepare_latent_image_ids(b, h // 2, w // 2, dev, dt)
-        txt_ids = torch.zeros(cond.embeds.shape[1], 3, device=dev, dtype=dt)
+        img_ids, txt_ids = self._position_ids(h, w, cond.embeds.shape[1], dev, dt)
         guidance = (torch.full((b,), self.guidance, device=dev, dtype=torch.float32)
                     if transformer.config.guidance_embeds else None)
         out = transformer(hidden_states=packed, timestep=t, guidance=guidance,

@@ -116,6 +116,9 @@ class ForwardScope:
         return [module.register_forward_pre_hook(self._enter),
                 module.register_forward_hook(self._leave, always_call=True)]
 
+    def __deepcopy__(self, memo: dict) -> ForwardScope:
+        return self   # a copied model's hooks and layers share the scope (its depth is per thread, not per model)
+
     def layer_context(self) -> AbstractContextManager:
         return nullcontext() if self.depth else self.make_context()
 
