@@ -94,6 +94,8 @@ class Velocity:
         a, b = uncond.cond, self.cond
         if a.embeds.shape[1:] != b.embeds.shape[1:] or (a.pooled is None) != (b.pooled is None):
             return None
+        a = Cond(a.embeds.to(b.embeds.device), a.mask.to(b.mask.device),   # the prompts may be cached elsewhere
+                 None if a.pooled is None else a.pooled.to(b.pooled.device))
         return Velocity(self.model, self.transformer, Cond.cat([a, b]))
 
 
