@@ -44,6 +44,8 @@ class ModelConfig:
     # torch device of the model: "" = the model's default (the CPU for shapes, CUDA where present for the real
     # models); e.g. "cuda" runs the shapes bed on a GPU (seeds' noise is still drawn on the CPU)
     device: str = ""
+    # torch.compile the denoiser that sampling runs (GPU roles; refused on the CPU): T2IModel.compile_denoiser
+    compile: bool = False
     # video models only (VIDEO_MODELS), 0 = the model's default: the clip's frames (4k + 1) and size in pixels
     frames: int = 0
     height: int = 0
@@ -294,10 +296,17 @@ class RunConfig:
                               "explore precision or rollout.staleness=0")
 
     def _validate_device(self) -> None:
-        """model.device names a torch device this machine has ("" = the model's default)."""
+        """model.device names a torch device this machine has ("" = the model's default); model.compile needs CUDA."""
+        import torch
+
+        if not isinstance(self.model.compile, bool):
+            raise ConfigError(f"model.compile must be true or false, got {self.model.compile!r}")
+        if self.model.compile and (self.model.device.startswith("cpu") or not torch.cuda.is_available()):
+            raise ConfigError("model.compile=true: torch.compile of the denoiser is for GPU roles (on the CPU it "
+                              "compiles for minutes and the CPU runs are the bit-for-bit references); this run "
+                              f"samples on {self.model.device or 'the CPU'}: leave model.compile off")
         if not self.model.device:
             return
-        import torch
 
         try:
             dev = torch.device(self.model.device)

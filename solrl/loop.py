@@ -89,6 +89,8 @@ class Session:
         model = load_model(cfg.model.name, cfg.model.path, cfg.model.device or None,
                            **cfg.model_options())  # a video model's clip options
         spec = model.spec
+        if cfg.model.compile:
+            model.compile_denoiser()
         if cfg.rollout.precision.backend not in ("bf16", "fp32"):
             raise ValueError(f"rollout.precision.backend must be bf16 or fp32 (the trainer's copy), "
                              f"got {cfg.rollout.precision.backend!r}")
@@ -148,13 +150,15 @@ class Session:
         (run_dir / "calibration.json").write_text(json.dumps(self.calibrations, indent=1) + "\n")
 
     def _build_explorer(self) -> None:
+        from solrl.models.base import compute_device
         from solrl.precision.policy import policy_config
         from solrl.proxy import parse_candidate
 
         if not self.local_explorer:
             return  # the explorer services build it when a job names the proxy
         c = parse_candidate(self.proxy.current)
-        self.explorer = InferenceCopy(self.adapters, policy_config(c.backend, c.policy, self.model.spec))
+        self.explorer = InferenceCopy(self.adapters, policy_config(c.backend, c.policy, self.model.spec,
+                                                                   compute_device(self.model.transformer)))
 
     def rollout_sampler(self) -> SamplerSpec:
         """The sampler of the trained rollouts: the ODE solver for nft; for flow_grpo the SDE at rollout.sde_eta,

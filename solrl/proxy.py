@@ -138,6 +138,7 @@ def calibrate(sess, index: int = 0) -> dict[str, Any]:
     `index` numbers the calibrations of a run (its prompts and seeds differ from one to the next)."""
     from solrl.adapters import make_inference_copy
     from solrl.algo import kept_contrast, prompt_kendall_taus
+    from solrl.models.base import compute_device
     from solrl.precision.base import layer_macs
     from solrl.precision.policy import policy_config
     from solrl.rollout import explore, regenerate
@@ -164,7 +165,8 @@ def calibrate(sess, index: int = 0) -> dict[str, Any]:
     total = max(1, sum(macs.values()))
     rows = []
     for c in cands:
-        copy = InferenceCopy(sess.adapters, policy_config(c.backend, c.policy, spec))  # model's own skips included
+        # the model's own skips included; on a GPU the kernel the candidate's format names
+        copy = InferenceCopy(sess.adapters, policy_config(c.backend, c.policy, spec, compute_device(model.transformer)))
         share = sum(macs.get(n, 0) for n in copy.backend.quantized_names) / total
         copy.sync(merged, sess.version)
         t0 = time.perf_counter()

@@ -3,9 +3,9 @@ of one forward: what `solrl models quantized` reports for SANA, SD3.5 and FLUX w
 
 Configs are the published `transformer/config.json` values of each checkpoint (the repos named in
 `solrl.models.diffusers_t2i`); inputs are one sample at the reference resolution (docs/method.md) with the
-pipeline's default text length: SANA 1024 px (DC-AE f32: 32x32 latent tokens; Gemma-2 text, 300 tokens),
-SD3.5-Large 1024 px (128x128 latent, 2x2 patches; CLIP 77 + T5 256 tokens), FLUX.1-dev 512 px (64x64
-latent packed 2x2; T5 512 tokens).
+family's text length (`Family.max_sequence_length`, as the reference encodes prompts): SANA 1024 px (DC-AE f32:
+32x32 latent tokens; Gemma-2 text, 300 tokens), SD3.5-Large 1024 px (128x128 latent, 2x2 patches; CLIP 77 + T5
+128 tokens), FLUX.1-dev 512 px (64x64 latent packed 2x2; T5 128 tokens).
 """
 
 from __future__ import annotations
@@ -25,20 +25,28 @@ class Architecture:
     inputs: Callable[[], dict[str, torch.Tensor]]   # forward kwargs (built on the current device)
 
 
+def _text(name: str) -> int:
+    from solrl.models.diffusers_t2i import FAMILIES
+
+    return FAMILIES[name].max_sequence_length
+
+
 def _sana_inputs() -> dict[str, torch.Tensor]:
-    return {"hidden_states": torch.zeros(1, 32, 32, 32), "encoder_hidden_states": torch.zeros(1, 300, 2304),
+    return {"hidden_states": torch.zeros(1, 32, 32, 32), "encoder_hidden_states": torch.zeros(1, _text("sana1.5-1.6b"), 2304),
             "timestep": torch.tensor([500.0])}
 
 
 def _sd35_inputs() -> dict[str, torch.Tensor]:
-    return {"hidden_states": torch.zeros(1, 16, 128, 128), "encoder_hidden_states": torch.zeros(1, 77 + 256, 4096),
+    return {"hidden_states": torch.zeros(1, 16, 128, 128),
+            "encoder_hidden_states": torch.zeros(1, 77 + _text("sd3.5-large"), 4096),
             "pooled_projections": torch.zeros(1, 2048), "timestep": torch.tensor([500.0])}
 
 
 def _flux_inputs() -> dict[str, torch.Tensor]:
-    return {"hidden_states": torch.zeros(1, 32 * 32, 64), "encoder_hidden_states": torch.zeros(1, 512, 4096),
+    n = _text("flux1-dev")
+    return {"hidden_states": torch.zeros(1, 32 * 32, 64), "encoder_hidden_states": torch.zeros(1, n, 4096),
             "pooled_projections": torch.zeros(1, 768), "timestep": torch.tensor([0.5]),
-            "img_ids": torch.zeros(32 * 32, 3), "txt_ids": torch.zeros(512, 3), "guidance": torch.tensor([3.5])}
+            "img_ids": torch.zeros(32 * 32, 3), "txt_ids": torch.zeros(n, 3), "guidance": torch.tensor([3.5])}
 
 
 ARCHITECTURES: dict[str, Architecture] = {

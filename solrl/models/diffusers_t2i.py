@@ -48,7 +48,7 @@ class Family:
     quant_min_features: int
     default_solver: str
     resolution: int                  # the reference's training resolution (docs/method.md)
-    max_sequence_length: int         # text tokens (the pipeline's default)
+    max_sequence_length: int         # text tokens, as the reference's training script encodes them
     gated: bool = False
 
 
@@ -61,6 +61,7 @@ SANA = Family(
     lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
     quant_skip=("patch_embed.*", "time_embed.*", "caption_projection.*", "proj_out", "*norm*",
                 "*attn1.to_q", "*attn1.to_k", "*attn1.to_v"),
+    # text: 300 Gemma tokens, SanaPipeline's default, which the reference's SANA rollouts keep
     quant_min_features=2240, default_solver="euler", resolution=1024, max_sequence_length=300,
 )
 SD35 = Family(
@@ -71,14 +72,18 @@ SD35 = Family(
     lora_targets=("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
                   "attn.add_v_proj", "attn.to_add_out"),
     quant_skip=("pos_embed.*", "time_text_embed.*", "context_embedder", "proj_out", "*norm*"),
-    quant_min_features=2432, default_solver="dpm2", resolution=1024, max_sequence_length=256, gated=True,
+    # text: 128 T5 tokens (+ CLIP's 77), as yifan123/flow_grpo scripts/train_sd3.py encodes prompts
+    # (compute_text_embeddings(..., max_sequence_length=128)); the pipeline's default is 256
+    quant_min_features=2432, default_solver="dpm2", resolution=1024, max_sequence_length=128, gated=True,
 )
 FLUX = Family(
     name="flux1-dev", repo_id="black-forest-labs/FLUX.1-dev", pipeline="FluxPipeline",
     components=("transformer", "vae", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2", "scheduler"),
     lora_targets=("to_q", "to_k", "to_v", "to_out.0"),
     quant_skip=("x_embedder", "time_text_embed.*", "context_embedder", "proj_out", "*norm*"),
-    quant_min_features=1000, default_solver="dpm2", resolution=512, max_sequence_length=512, gated=True,
+    # text: 128 T5 tokens, as yifan123/flow_grpo scripts/train_flux.py encodes prompts
+    # (compute_text_embeddings(..., max_sequence_length=128)); the pipeline's default 512 costs ~35% more per forward
+    quant_min_features=1000, default_solver="dpm2", resolution=512, max_sequence_length=128, gated=True,
 )
 FAMILIES: dict[str, Family] = {f.name: f for f in (SANA, SD35, FLUX)}
 
@@ -267,9 +272,6 @@ class DiffusersT2I(T2IModel):
             return np.zeros((0, side, side, 3), dtype=np.uint8)
         return np.concatenate(out)
 
-    def encode_uncond(self, n: int) -> Cond:
-        return self.encode([""] * n)
-
     text_tokenizer: ClassVar[str] = "tokenizer"   # the pipeline component whose length limit applies
 
     def max_sequence_length(self) -> int:
@@ -302,9 +304,9 @@ class SanaModel(DiffusersT2I):
     def encode(self, prompts: list[str]) -> Cond:
         return self._encode(list(prompts), self.complex_human_instruction)
 
-    def encode_uncond(self, n: int) -> Cond:
+    def encode_empty(self) -> Cond:
         # the pipeline's negative prompt: "" without the instruction
-        return self._encode([""] * n, None)
+        return self._encode([""], None)
 
     def velocity(self, transformer, x, t, cond):
         dev, dt, t = self._inputs(transformer, x, t, cond)
@@ -371,12 +373,21 @@ class FluxModel(DiffusersT2I):
                                                     max_sequence_length=self.max_sequence_length())
         return Cond(embeds, torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device), pooled)
 
+    def _position_ids(self, h: int, w: int, text: int, dev: torch.device, dt: torch.dtype):
+        """The image and text position ids (the pipeline builds the image's on the host and copies them over: a host
+        sync per step), made once per shape and device."""
+        key = (h, w, text, dev, dt)
+        cache = self.__dict__.setdefault("_ids", {})
+        if key not in cache:
+            cache[key] = (self.pipe._prepare_latent_image_ids(1, h // 2, w // 2, dev, dt),
+                          torch.zeros(text, 3, device=dev, dtype=dt))
+        return cache[key]
+
     def velocity(self, transformer, x, t, cond):
         dev, dt, t = self._inputs(transformer, x, t, cond)
         b, c, h, w = x.shape
         packed = self.pipe._pack_latents(x.to(dev, dt), b, c, h, w)
-        img_ids = self.pipe._prepare_latent_image_ids(b, h // 2, w // 2, dev, dt)
-        txt_ids = torch.zeros(cond.embeds.shape[1], 3, device=dev, dtype=dt)
+        img_ids, txt_ids = self._position_ids(h, w, cond.embeds.shape[1], dev, dt)
         guidance = (torch.full((b,), self.guidance, device=dev, dtype=torch.float32)
                     if transformer.config.guidance_embeds else None)
         out = transformer(hidden_states=packed, timestep=t, guidance=guidance,

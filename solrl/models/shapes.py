@@ -174,8 +174,9 @@ class ShapesModel(T2IModel):
             emb = self.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state
         return Cond(emb, mask)
 
-    def encode_uncond(self, n: int) -> Cond:
-        return self.encode([""] * n)
+    def uncond_cacheable(self) -> bool:
+        # pretraining may train the text encoder: its empty prompt is kept only while every weight is frozen
+        return not any(p.requires_grad for p in self.text_encoder.parameters())
 
     def velocity(self, transformer, x, t, cond):
         # The sampling state may live elsewhere than the denoiser (as in diffusers_t2i): run on the denoiser's

@@ -198,8 +198,6 @@ class WanModel(T2IModel):
                                             max_sequence_length=self.max_sequence_length())
         return Cond(embeds, torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device))
 
-    def encode_uncond(self, n: int) -> Cond:
-        return self.encode([""] * n)   # WanPipeline's default negative prompt
 
     # ---------------------------------------------------------------- the denoiser
     @staticmethod
@@ -213,6 +211,7 @@ class WanModel(T2IModel):
         return timestep >= self.boundary_ratio * self.num_train_timesteps
 
     def _forward(self, module: nn.Module, x: torch.Tensor, timestep: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        module = self.denoiser(module)   # each expert compiled on its own with model.compile
         p = _base_param(module)
         if self.expand_timesteps:   # TI2V-5B: one timestep per latent token (all the row's in text-to-video)
             f, h, w = x.shape[2:]

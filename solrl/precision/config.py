@@ -52,3 +52,34 @@ class PrecisionConfig:
             raise TypeError(
                 f"quantize_activations must be a bool, got {self.quantize_activations!r}"
             )
+
+
+# The Transformer Engine kernel each emulation reproduces (the backends' `emulates`; tests/test_precision_auto.py
+# keeps the two equal) and the compute capability each kernel needs (solrl.precision.transformer_engine).
+EMULATES = {"fp8-e4m3-emu": "fp8", "nvfp4-emu": "nvfp4", "nvfp4-te-emu": "nvfp4"}
+KERNEL_CAPABILITY = {"nvfp4": (10, 0), "fp8": (8, 9)}
+
+
+def kernel_backend(backend: str, capability: tuple[int, int] | None, te_installed: bool) -> tuple[str, str]:
+    """The backend a run that did not name one explicitly (the adaptive proxy's candidates) uses on a CUDA GPU of
+    `capability`, and why. An emulation keeps a dequantized FP32 weight and multiplies in FP32: on a GPU slower than
+    BF16, so it becomes the kernel it emulates where this GPU and Transformer Engine run it (NVFP4 on sm_100+, FP8
+    on sm_89+), NVFP4 becomes FP8 where only FP8 runs (Hopper, Ada), and BF16 otherwise. Kernels and the reference
+    backends stay as they are. (Without a GPU nothing changes: the emulations are the CPU's formats.)"""
+    kernel = EMULATES.get(backend)
+    if kernel is None:
+        if backend.endswith("-emu"):
+            return "bf16", f"{backend!r} has no GPU kernel: running BF16 on this GPU (name it explicitly to emulate it)"
+        return backend, f"{backend!r} as configured"
+
+    def runs(k: str) -> bool:
+        return te_installed and capability is not None and tuple(capability) >= KERNEL_CAPABILITY[k]
+
+    have = "unknown" if capability is None else ".".join(map(str, capability))
+    if runs(kernel):
+        return kernel, f"{backend!r} -> {kernel!r}: the Transformer Engine kernel it emulates (sm_{have.replace('.', '')})"
+    if kernel == "nvfp4" and runs("fp8"):
+        return "fp8", (f"{backend!r} -> 'fp8': NVFP4 needs compute capability >= 10.0 (this GPU has {have}); "
+                       "Transformer Engine's FP8 runs here")
+    why = "Transformer Engine is not installed" if not te_installed else f"compute capability {have} runs no FP8/FP4 kernel"
+    return "bf16", f"{backend!r} -> 'bf16': {why}; the emulation would be slower than BF16 on a GPU"

@@ -10,6 +10,8 @@ name layer kinds and need not match in every model.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import logging
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,6 +24,9 @@ from solrl.precision.base import (
     layer_macs,
     with_model_skips,
 )
+from solrl.precision.config import kernel_backend
+
+log = logging.getLogger(__name__)
 
 POLICIES: dict[str, dict[str, Any]] = {
     "reference": {},
@@ -35,10 +40,27 @@ POLICIES: dict[str, dict[str, Any]] = {
 }
 
 
-def policy_config(backend: str, policy: str, spec) -> PrecisionConfig:
-    """The explorer precision of `backend` under the named policy for a model with this spec."""
+def machine_backend(backend: str, device: torch.device | str | None = None) -> str:
+    """`kernel_backend` for the GPU `device` (its capability, whether Transformer Engine is installed), logging the
+    choice; `backend` unchanged for a CPU device. No device: where models load by default (CUDA when present)."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if torch.device(device).type != "cuda":
+        return backend
+    chosen, why = kernel_backend(backend, torch.cuda.get_device_capability(torch.device(device)),
+                                 importlib.util.find_spec("transformer_engine") is not None)
+    if chosen != backend:
+        log.warning("precision: %s", why)
+    return chosen
+
+
+def policy_config(backend: str, policy: str, spec, device: torch.device | str | None = None) -> PrecisionConfig:
+    """The explorer precision of `backend` under the named policy for a model with this spec: the adaptive proxy's
+    candidates. On a CUDA `device` (the explorer's; default: CUDA when present) an emulation resolves to this GPU's
+    kernel (`machine_backend`); an explicitly configured explore_precision is built as named, not through here."""
     if policy not in POLICIES:
         raise ValueError(f"unknown precision policy {policy!r}; available: {sorted(POLICIES)}")
+    backend = machine_backend(backend, device)
     cfg = with_model_skips(PrecisionConfig(backend=backend), spec.quant_skip, spec.quant_min_features)
     settings = dict(POLICIES[policy])
     extra = tuple(settings.pop("extra_skip", ()))  # patterns of layer kinds: not every model has them

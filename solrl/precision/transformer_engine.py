@@ -12,6 +12,9 @@ releases: `fp8_autocast(fp8_recipe=...)`), `transformer_engine.common.recipe.NVF
 from __future__ import annotations
 
 import importlib.util
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from typing import ClassVar
 
 import torch
@@ -78,6 +81,55 @@ def te_autocast(te, recipe):
     return te.fp8_autocast(enabled=True, fp8_recipe=recipe)
 
 
+class ForwardScope:
+    """A context entered once around each forward of the denoiser, not once per layer.
+
+    Transformer Engine's docs wrap the model's whole forward in one `te.autocast` (entering it sets up the recipe's
+    global state; per Linear that was ~500 entries per SD3.5 forward). `attach(module)` registers a forward
+    pre-hook that enters `make_context()` and an always-called forward hook that leaves it (also when the forward
+    raises); nested attached forwards (an expert inside a wrapper) enter it once. A layer asks `layer_context()`:
+    nothing inside an attached forward, its own context when called on its own. The depth is per thread.
+    """
+
+    def __init__(self, make_context: Callable[[], AbstractContextManager]) -> None:
+        self.make_context = make_context
+        self._local = threading.local()
+
+    @property
+    def depth(self) -> int:
+        return getattr(self._local, "depth", 0)
+
+    def _enter(self, *_: object) -> None:
+        if self.depth == 0:
+            stack = ExitStack()
+            stack.enter_context(self.make_context())
+            self._local.stack = stack
+        self._local.depth = self.depth + 1
+
+    def _leave(self, *_: object) -> None:
+        self._local.depth = self.depth - 1
+        if self._local.depth == 0:
+            self._local.stack.close()
+
+    def attach(self, module: nn.Module) -> list:
+        """Enter the context around every forward of `module`; returns the hook handles."""
+        return [module.register_forward_pre_hook(self._enter),
+                module.register_forward_hook(self._leave, always_call=True)]
+
+    def __deepcopy__(self, memo: dict) -> ForwardScope:
+        return self   # a copied model's hooks and layers share the scope (its depth is per thread, not per model)
+
+    def layer_context(self) -> AbstractContextManager:
+        return nullcontext() if self.depth else self.make_context()
+
+
+def forward_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules whose forward is one denoiser forward: each expert of a several-expert container (`EXPERTS`,
+    Wan2.2 A14B's, which has no forward of its own), else the model itself."""
+    experts = getattr(model, "EXPERTS", None)
+    return [getattr(model, e) for e in experts] if experts else [model]
+
+
 class TEQuantLinear(QuantLinear):
     """An nn.Linear replaced by `te.Linear`, run under the backend's recipe (inference only).
 
@@ -89,10 +141,10 @@ class TEQuantLinear(QuantLinear):
     Rows are zero-padded to a multiple of 16, which TE's FP8/FP4 GEMMs need.
     """
 
-    def __init__(self, linear: nn.Linear, recipe, te) -> None:
+    def __init__(self, linear: nn.Linear, recipe, scope: ForwardScope, te) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self._te, self.recipe = te, recipe
+        self.recipe, self._scope = recipe, scope
         self._has_bias = linear.bias is not None
         w = linear.weight.detach()
         dtype = torch.bfloat16 if w.dtype == torch.float32 else w.dtype
@@ -137,7 +189,7 @@ class TEQuantLinear(QuantLinear):
         pad = -m % 16
         if pad:
             x_MK = torch.nn.functional.pad(x_MK, (0, 0, 0, pad))
-        with torch.no_grad(), te_autocast(self._te, self.recipe):
+        with torch.no_grad(), self._scope.layer_context():   # the denoiser's forward has entered te.autocast
             y = self.inner(x_MK, is_first_microbatch=self._stale)
         self._stale = False
         return y[:m].reshape(*x.shape[:-1], self.out_features).to(x.dtype)
@@ -153,8 +205,9 @@ class TransformerEngineBackend(Bf16Backend):
     compute capability, transformer_engine); then every selected layer (the shared
     `select_linear_layers` rule: skip patterns, minimum size, in_features a multiple of 16, plus
     out_features a multiple of 16) becomes a `TEQuantLinear` with its weights copied, and the rest of
-    the model is rounded to bf16 like the `bf16` backend. `requantize` (after an adapter merge) loads
-    the merged weights; TE re-quantizes them on the next call. The emulated backends (`nvfp4-emu`)
+    the model is rounded to bf16 like the `bf16` backend. `te.autocast` is entered once per denoiser forward
+    (`ForwardScope`, hooked on `forward_modules(model)`), not per layer. `requantize` (after an adapter merge)
+    loads the merged weights; TE re-quantizes them on the next call. The emulated backends (`nvfp4-emu`)
     are the CPU stand-ins with the same layer selection.
     """
 
@@ -199,9 +252,12 @@ class TransformerEngineBackend(Bf16Backend):
             if not linear.weight.is_cuda:
                 raise RuntimeError(f"precision backend {self.name!r}: layer {name!r} is on "
                                    f"{linear.weight.device}; move the model to CUDA before prepare()")
+        scope = ForwardScope(lambda: te_autocast(te, recipe))
         with torch.no_grad():
             for name in names:
-                replace_module(model, name, TEQuantLinear(model.get_submodule(name), recipe, te))
+                replace_module(model, name, TEQuantLinear(model.get_submodule(name), recipe, scope, te))
+        for module in forward_modules(model):
+            scope.attach(module)
         self._round_unquantized(model)
         self.quantized_names = tuple(names)
         return model

@@ -70,6 +70,10 @@ def sample(
     (`reduction` over non-batch dims).
     velocity_fn gets the state in x_T's dtype and t_B as float32 [B]. Gradients are not disabled
     here: wrap the call in `torch.no_grad()` for rollouts.
+    The state lives where the denoiser computes (`velocity_fn.device`, e.g. a `solrl.models.base.Velocity`; else
+    x_T's device): x_T moves there once and the results come back on x_T's device, so a step makes no
+    host <-> device copies and no host syncs (the sigmas are Python floats, the SDE's CPU-drawn noise is copied
+    asynchronously from pinned memory).
     """
     if not callable(velocity_fn):
         raise TypeError(f"velocity_fn must be callable, got {type(velocity_fn).__name__}")
@@ -81,8 +85,9 @@ def sample(
         raise ValueError("step_noise is the SDE's noise source: only with solver 'sde' and without generator")
     grid = _sigma_grid(sigmas)
     batch = x_T.shape[0]
-    x = x_T
-    states = [x_T] if return_trajectory else None
+    home = x_T.device
+    x = x_T.to(getattr(velocity_fn, "device", None) or home)
+    states = [x] if return_trajectory else None
     log_probs: list[Tensor] = []
     history: DPMHistory | None = None
     nfe = 0
@@ -105,9 +110,9 @@ def sample(
         if states is not None:
             states.append(x)
     return SampleResult(
-        x0=x,
-        trajectory=torch.stack(states, dim=1) if states is not None else None,
-        log_probs=torch.stack(log_probs, dim=1) if solver == "sde" else None,
+        x0=x.to(home),
+        trajectory=torch.stack(states, dim=1).to(home) if states is not None else None,
+        log_probs=torch.stack(log_probs, dim=1).to(home) if solver == "sde" else None,
         nfe=nfe,
     )
 
@@ -116,7 +121,9 @@ def cfg_velocity(velocity_cond: VelocityFn, velocity_uncond: VelocityFn, scale: 
     """Classifier-free guidance: v = v_uncond + scale * (v_cond - v_uncond).
 
     At scale 1 this is exactly `velocity_cond` (returned as is: no unconditional forward is made);
-    otherwise each call evaluates both branches.
+    otherwise each call evaluates both branches: in one forward over [uncond; cond] rows when
+    `velocity_cond.paired(velocity_uncond)` gives that batched velocity (`solrl.models.base.Velocity` does on a
+    GPU), else in two. The result carries `velocity_cond`'s `device`.
     """
     if not callable(velocity_cond) or not callable(velocity_uncond):
         raise TypeError("velocity_cond and velocity_uncond must be callable")
@@ -125,9 +132,16 @@ def cfg_velocity(velocity_cond: VelocityFn, velocity_uncond: VelocityFn, scale: 
     if scale == 1.0:
         return velocity_cond
     guidance = float(scale)
+    pair = getattr(velocity_cond, "paired", None)
+    both = pair(velocity_uncond) if pair is not None else None
 
     def guided(x: Tensor, t_B: Tensor) -> Tensor:
-        v_uncond = velocity_uncond(x, t_B)
-        return v_uncond + guidance * (velocity_cond(x, t_B) - v_uncond)
+        if both is not None:
+            v_uncond, v_cond = both(torch.cat([x, x]), torch.cat([t_B, t_B])).chunk(2)
+        else:
+            v_uncond, v_cond = velocity_uncond(x, t_B), velocity_cond(x, t_B)
+        return v_uncond + guidance * (v_cond - v_uncond)
 
+    guided.device = getattr(velocity_cond, "device", None)
+    guided.batched = both is not None
     return guided

@@ -39,13 +39,21 @@ def _sigma_column(sigma: Sigma, x: Tensor, dtype: torch.dtype, name: str) -> Ten
         raise ValueError(f"{name} must be a float, a 0-d tensor or a [B={x.shape[0]}] tensor, got {tuple(sigma.shape)}")
     if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real):
         raise TypeError(f"{name} must be a float or a Tensor, got {type(sigma).__name__}")
-    return torch.tensor(float(sigma), dtype=dtype, device=x.device)
+    # filled on the device (torch.tensor(value, device=...) would copy from the host and wait for the stream)
+    return torch.full((), float(sigma), dtype=dtype, device=x.device)
 
 
-def _check_decreasing(s: Tensor, s_next: Tensor) -> None:
-    if not bool(torch.all((s > 0) & (s <= 1))):
+def _check_decreasing(s: Sigma, s_next: Sigma, s_c: Tensor, s_next_c: Tensor) -> None:
+    """0 < s <= 1 and 0 <= s_next < s: checked in Python for floats (the sampler's grid: no host sync), on the
+    tensors otherwise (the trainer's per-sample sigmas)."""
+    if isinstance(s, Tensor) or isinstance(s_next, Tensor):
+        ok_s, ok_next = bool(torch.all((s_c > 0) & (s_c <= 1))), bool(torch.all((s_next_c >= 0) & (s_next_c < s_c)))
+    else:
+        s_f, n_f = (float(torch.tensor(float(v), dtype=s_c.dtype)) for v in (s, s_next))   # as rounded (CPU)
+        ok_s, ok_next = 0.0 < s_f <= 1.0, 0.0 <= n_f < s_f
+    if not ok_s:
         raise ValueError("s must lie in (0, 1]")
-    if not bool(torch.all((s_next >= 0) & (s_next < s))):
+    if not ok_next:
         raise ValueError("s_next must lie in [0, s)")
 
 
@@ -173,7 +181,7 @@ def sde_step_with_logprob(
     dtype = _compute_dtype(x)
     s_c = _sigma_column(s, x, dtype, "s")
     s_next_c = _sigma_column(s_next, x, dtype, "s_next")
-    _check_decreasing(s_c, s_next_c)
+    _check_decreasing(s, s_next, s_c, s_next_c)
     x_c, v_c = x.to(dtype), v.to(dtype)
     dt = s_next_c - s_c
     g = eta * torch.sqrt(s_c / (1.0 - torch.where(s_c == 1.0, s_next_c, s_c)))
@@ -182,7 +190,9 @@ def sde_step_with_logprob(
     if prev_sample is None:
         if noise is None:
             noise_device = generator.device if generator is not None else x.device
-            noise = torch.randn(x.shape, generator=generator, device=noise_device, dtype=dtype).to(x.device)
+            noise = torch.randn(x.shape, generator=generator, device=noise_device, dtype=dtype)
+        if noise.device.type == "cpu" and x.device.type == "cuda":   # no host sync: an async copy from pinned memory
+            noise = noise.pin_memory().to(x.device, non_blocking=True)
         noise = noise.to(device=x.device, dtype=dtype)
         x_next = (mean.detach() + std * noise).to(x.dtype)
     else:
