@@ -576,7 +576,7 @@ class Calibration:
 
 
 # Fitted by `solrl plan --calibrate` (fit_calibration); tests/test_plan.py checks a fresh fit gives these.
-CALIBRATION = Calibration(eta_rollout=0.28922, eta_train=0.25948, image_s=0.048768)
+CALIBRATION = Calibration(eta_rollout=0.21889, eta_train=0.22484, image_s=0.035611)
 
 # docs/method.md: seconds per epoch on 8x B200, colocated: (naive 24-in-96 BF16 rollout, two-stage rollout,
 # naive end to end, two-stage end to end)
