@@ -62,7 +62,7 @@ HOST_CACHE_MIN_BYTES = 1 << 20      # an encoding at least this large (T5-class 
 class PromptCache:
     """Encoded prompts, computed once per prompt (the text encoder is frozen) and kept for the `max_entries`
     prompts used last (LRU: a long run's prompt set does not pile up). On a CUDA model an encoding of at least
-    HOST_CACHE_MIN_BYTES (SD3.5's and FLUX's T5 embeddings: 2.7 and 4.2 MB a prompt) is kept in host memory
+    HOST_CACHE_MIN_BYTES (SD3.5's and FLUX's T5 embeddings: 1.7 and 1.1 MB a prompt at 128 tokens) is kept in host memory
     and moved to the model's device for each batch; smaller ones stay on the device. Moves and eviction do not
     change the numbers: a prompt encodes to the same values whenever it is encoded."""
 
