@@ -48,6 +48,7 @@ from services.common.workers import (
 from services.explorer import server as explorer_server
 from services.regenerator import server as regenerator_server
 from services.reward import server as reward_server
+from services.reward.args import DEFAULT_REWARDS
 from services.trainer import server as trainer_server
 from solrl.distributed import GROUP_EXPLORERS, STREAM_EXPLORE
 from solrl.models import ENV_CUDA_STANDIN
@@ -446,35 +447,74 @@ def test_k8s_ports_env_probes_and_security(k8s_tree, overlay):
     assert {n for k, n in by_kind if k == "PodDisruptionBudget"} >= {"explorer", "regenerator", "reward"}
 
 
-@pytest.mark.parametrize("overlay, backend", [("b200", "nvfp4"), ("hopper", "fp8")])
-def test_gpu_overlays_explore_with_their_generation_s_format(k8s_tree, overlay, backend, cuda_stand_in):
-    """The run env the explorers read sets the Transformer Engine format the GPU generation has, and the run
-    config it yields validates (the same resolution the services do)."""
-    from solrl.config import RunConfig, apply_overrides
-
-    (env,) = [d["data"] for d in kustomize(k8s_tree, overlay)
-              if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("solrl-run-env")]
-    assert env["SOLRL_SET"] == f"model.device=cuda rollout.explore_precision.backend={backend}"
-    cfg = apply_overrides(RunConfig.load(ROOT / "k8s" / "base" / "run.json"), env["SOLRL_SET"].split()).validate()
-    assert cfg.rollout.explore_precision.backend == backend and cfg.model.device == "cuda"
-
-
-@pytest.mark.parametrize("overlay, gpu", [("b200", "b200"), ("hopper", "h100")])
-def test_gpu_overlays_place_the_roles_as_the_plan_does(k8s_tree, overlay, gpu, cuda_stand_in):
-    """The plan of the overlay's own run (run.json and its SOLRL_SET, as the trainer resolves them) on 8 GPUs of
-    its kind gives the overlay's replicas and the trainer's ranks and GPUs."""
-    from solrl.config import RunConfig, apply_overrides
-
-    docs = kustomize(k8s_tree, overlay)
-    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+def overlay_run(by_kind: dict):
+    """The run the overlay's trainer trains, resolved from its Job's args and env as its entry resolves them
+    (SOLRL_PRESET or the base's run.json, then SOLRL_SET), and that env."""
     (c,) = containers(by_kind[("Job", "trainer")])
     env = container_env(c, by_kind)
-    cfg = apply_overrides(RunConfig.load(ROOT / "k8s" / "base" / "run.json"), env["SOLRL_SET"].split()).validate()
+    args = [str(ROOT / "k8s" / "base" / "run.json") if a == "/etc/solrl/run.json" else a for a in c.get("args", [])]
+    parser = argparse.ArgumentParser()
+    trainer_server.add_arguments(parser, env)
+    return trainer_server.run_config(parser.parse_args(args))[0], env
+
+
+# overlay: (the GPU kind it places on, the explorer's Transformer Engine format, the preset it trains)
+GPU_OVERLAYS = {"b200": ("b200", "nvfp4", ""), "hopper": ("h100", "fp8", "sd35l-sol-rl")}
+
+
+@pytest.mark.parametrize("overlay", GPU_OVERLAYS)
+def test_gpu_overlays_explore_with_their_generation_s_format(k8s_tree, overlay, cuda_stand_in):
+    """The run env every role reads sets the Transformer Engine format the GPU generation has and the device, and the
+    run config it yields validates (the same resolution the services do). The hopper overlay trains SD3.5-Large:
+    its weights and prompt files on the HF cache volume every pod mounts, its reward served by the reward pods."""
+    _, backend, preset = GPU_OVERLAYS[overlay]
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(k8s_tree, overlay)}
+    cfg, env = overlay_run(by_kind)
+    assert env["SOLRL_PRESET"] == preset
+    assert cfg.rollout.explore_precision.backend == backend and cfg.model.device == "cuda"
+    (reward,) = containers(by_kind[("Deployment", "reward")])
+    served = reward["args"][reward["args"].index("--rewards") + 1].split(",") if "--rewards" in reward["args"] \
+        else list(DEFAULT_REWARDS)
+    assert cfg.reward in served and (cfg.eval.reward or cfg.reward) in served
+    if preset:   # a real model: weights and prompts from the volume components/gpu mounts at /cache/hf
+        assert cfg.model.name == "sd3.5-large" and cfg.model.path.startswith("/cache/hf/")
+        assert cfg.prompts.train.startswith("/cache/hf/") and cfg.prompts.eval.startswith("/cache/hf/")
+        for kind, role in (("Deployment", "explorer"), ("Deployment", "regenerator"), ("Job", "trainer")):
+            (c,) = containers(by_kind[(kind, role)])
+            assert "/cache/hf" in {m["mountPath"] for m in c["volumeMounts"]}, role
+            claim = {v["name"]: v for v in by_kind[(kind, role)]["spec"]["template"]["spec"]["volumes"]}["hf-cache"]
+            assert claim["persistentVolumeClaim"]["claimName"] == "solrl-hf-cache", role
+
+
+@pytest.mark.parametrize("overlay", GPU_OVERLAYS)
+def test_gpu_overlays_place_the_roles_as_the_plan_does(k8s_tree, overlay, cuda_stand_in):
+    """The plan of the overlay's own run (SOLRL_PRESET or run.json, and its SOLRL_SET, as the trainer resolves them)
+    on 8 GPUs of its kind gives the overlay's replicas, the trainer's ranks and GPUs and its gradient checkpointing;
+    each pod's memory holds its role's plan (a process stages its weights in host memory while loading; the
+    trainer's pod holds one process per rank and the memory-backed /dev/shm)."""
+    gpu = GPU_OVERLAYS[overlay][0]
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(k8s_tree, overlay)}
+    (c,) = containers(by_kind[("Job", "trainer")])
+    cfg, env = overlay_run(by_kind)
     best = _plan(cfg, gpu, "disaggregated").best
     assert by_kind[("Deployment", "explorer")]["spec"]["replicas"] == best.explorers
     assert by_kind[("Deployment", "regenerator")]["spec"]["replicas"] == best.regenerators
     assert int(env["PET_NPROC_PER_NODE"]) == c["resources"]["limits"]["nvidia.com/gpu"] == best.trainer_ranks > 1
     assert best.explorers + best.regenerators + best.trainer_ranks + 1 == 8   # + the reward's GPU
+    assert not best.over_gb and (cfg.train.gradient_checkpointing == "true") == best.gradient_checkpointing
+    shm = {v["name"]: v for v in by_kind[("Job", "trainer")]["spec"]["template"]["spec"]["volumes"]}["dshm"]
+    for kind, role in (("Deployment", "explorer"), ("Deployment", "regenerator"), ("Deployment", "reward"),
+                       ("Job", "trainer")):
+        (rc,) = containers(by_kind[(kind, role)])
+        need = best.memory_gb[role] * (best.trainer_ranks if role == "trainer" else 1) * 1e9
+        if role == "trainer":
+            need += _bytes(shm["emptyDir"]["sizeLimit"])
+        assert _bytes(rc["resources"]["requests"]["memory"]) >= need, (role, rc["resources"], need / 1e9)
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    return int(quantity[:-2]) * units[quantity[-2:]] if quantity[-2:] in units else int(quantity)
 
 
 def test_run_config_in_the_configmap_loads():
@@ -1122,7 +1162,8 @@ def test_k8s_gives_every_role_one_run(k8s_tree, overlay, cuda_stand_in):
         (c,) = containers(by_kind[("Job" if role == "trainer" else "Deployment", role)])
         roles[role] = (c.get("args", []), container_env(c, by_kind))
         mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
-        assert "/etc/solrl" in mounts, role   # the run config every role reads
+        # the run: the base's run.json every role reads, or the preset of SOLRL_PRESET (the hopper overlay)
+        assert ("/etc/solrl" in mounts) if "--config" in roles[role][0] else roles[role][1]["SOLRL_PRESET"], role
     _assert_one_run(overlay, roles, {"/etc/solrl/run.json": k8s_tree / "base" / "run.json"})
 
 

@@ -12,13 +12,19 @@ where a device is resolved) lets a run config name model.device=cuda here, loads
 builds a CUDA-only precision (nvfp4, fp8) as its CPU emulation of the same format. Each role still reports the device
 it was asked to load on ("device", what these assertions read) and that the CPU stood in ("device_stand_in"). So this
 shows that the device reaches every role from the files, not that CUDA kernels run (the tests marked gpu do that).
-The shapes preset the files ship is what starts; each role is started to SERVING and asked, no epoch is run.
+Each role is started to SERVING and asked, no epoch is run. The compose files and the b200 overlay run the shapes
+preset they ship. The hopper overlay trains SD3.5-Large (SOLRL_PRESET=sd35l-sol-rl, model.path on the HF cache
+volume), whose weights cannot exist here: its pods start with only the model's settings substituted (run_on_shapes:
+SOLRL_PRESET -> shapes-sol-rl, SOLRL_SET without model.path and the prompt files, the reward service's --rewards ->
+the shapes run's reward); every other part of each command and environment, model.device=cuda and the FP8 explorer
+included, is as rendered, after asserting that the rendered run names SD3.5-Large's preset, path and device.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import urllib.request
 from pathlib import Path
@@ -44,7 +50,7 @@ from test_deploy import (
 )
 
 from services.common.adapter_reload import ENV_ADAPTER_TOKEN
-from services.common.env import ENV_GRPC_PORT, ENV_HOST, ENV_HTTP_PORT, ENV_QUEUE_KEY, ENV_REDIS_PASSWORD
+from services.common.env import ENV_DATA_TOKEN, ENV_GRPC_PORT, ENV_HOST, ENV_HTTP_PORT, ENV_QUEUE_KEY, ENV_REDIS_PASSWORD
 from services.common.rollout_plane import ENV_REWARD_ADDR
 from services.common.workers import ENV_QUEUE_NAMESPACE, ENV_REDIS_URL
 from services.trainer import server as trainer_server
@@ -74,8 +80,38 @@ def check_devices(where: str, infos: dict[str, dict], workers: list[dict], train
     assert trainer_server.run_device(trainer_cfg) == WANT, f"{where}: the trainer's model.device"
 
 
+# the settings that name a real model's files (its weights, its prompt sets), which cannot exist here
+REAL_MODEL_FILES = ("model.path=", "prompts.train=", "prompts.eval=")
+SHAPES = "shapes-sol-rl"
+
+
+def run_on_shapes(run_env: dict[str, str], env: dict[str, str], args: list[str]) -> tuple[dict[str, str], list[str]]:
+    """A container's environment and args with only the model of a real-model run (run_env: the deployment's
+    SOLRL_PRESET / SOLRL_SET) substituted, as the module docstring says: the shapes preset, SOLRL_SET without the
+    model's files, and (the reward service) --rewards the shapes run's reward. A shapes run's are returned as they
+    are. The rendered run is checked first: a real preset with its weights' path on the HF cache volume, on CUDA,
+    whose reward the reward service serves."""
+    from solrl.config import get_preset
+
+    preset = run_env.get("SOLRL_PRESET", "")
+    if not preset or preset.startswith("shapes-"):
+        return env, args
+    sets = shlex.split(run_env["SOLRL_SET"])
+    assert "model.device=cuda" in sets and any(s.startswith("model.path=/cache/hf/") for s in sets), sets
+    if "SOLRL_PRESET" in env:
+        assert (env["SOLRL_PRESET"], env["SOLRL_SET"]) == (preset, run_env["SOLRL_SET"])
+        env = {**env, "SOLRL_PRESET": SHAPES,
+               "SOLRL_SET": shlex.join(s for s in sets if not s.startswith(REAL_MODEL_FILES))}
+    if "--rewards" in args:
+        i = args.index("--rewards") + 1
+        assert get_preset(preset).reward in args[i].split(","), args
+        args = [*args[:i], get_preset(SHAPES).reward, *args[i + 1:]]
+    return env, args
+
+
 def _trainer_cfg(source: str, tmp: Path):
     argv, env = trainer_entry(source, tmp, run_set=None)   # the file's own run settings
+    env, _ = run_on_shapes(env, env, [])
     return _role_settings("trainer", argv[argv.index("trainer") + 1:], env,
                           {"/etc/solrl/run.json": tmp / "k8s" / "base" / "run.json"})
 
@@ -95,7 +131,8 @@ def test_gpu_compose_roles_load_on_the_file_s_device(file, tmp_path, cuda_stand_
             stack.start(name)
         infos = {n: v1_info(stack.port(n, ENV_HTTP_PORT)) for n in names[:3]}
         pusher = trainer_server.AdapterPusher([f"127.0.0.1:{stack.port('explorer-0', ENV_GRPC_PORT)}"],
-                                              [f"127.0.0.1:{stack.port('regenerator-0', ENV_GRPC_PORT)}"], TOKEN)
+                                              [f"127.0.0.1:{stack.port('regenerator-0', ENV_GRPC_PORT)}"], TOKEN,
+                                              data_token=COMPOSE_SECRETS[ENV_DATA_TOKEN])   # the doors' token
         cfg = _trainer_cfg(file, tmp_path)
         try:
             workers = trainer_server.check_workers(pusher, cfg, timeout_s=30)   # the trainer's start-up check
@@ -113,7 +150,9 @@ def test_gpu_overlay_pods_load_on_the_overlay_s_device(overlay, tmp_path, cuda_s
     (services/Dockerfile, gpu) with the container's args and env (ConfigMaps, Secrets as the overlay's files give
     them); what the cluster gives is moved here (ports to free ones on 127.0.0.1, the run config to its file, the
     reward's Service to the local reward). Redis: the local test one, without ACL users or signing, as the torchrun
-    entry test (tests/test_queue_security.py and the CPU compose test run the secured queue)."""
+    entry test (tests/test_queue_security.py and the CPU compose test run the secured queue). A real-model overlay
+    (hopper: SD3.5-Large) starts with only its model substituted by the shapes run's (run_on_shapes), the rest as
+    rendered."""
     redis_url = "redis://127.0.0.1:6379/0"
     _redis_or_skip(redis_url)
     tree = tmp_path / "k8s"
@@ -121,6 +160,8 @@ def test_gpu_overlay_pods_load_on_the_overlay_s_device(overlay, tmp_path, cuda_s
     write_overlay_secrets(tree, TOKEN)
     by_kind = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(tree, overlay)}
     files = {"/etc/solrl/run.json": str(tree / "base" / "run.json")}
+    (run_env,) = [d["data"] for (kind, name), d in by_kind.items() if kind == "ConfigMap"
+                  and name.startswith("solrl-run-env")]
     ports = {role: (free_port(), free_port()) for role in ("reward", *ROLLOUT)}
     procs = []
     try:
@@ -136,14 +177,16 @@ def test_gpu_overlay_pods_load_on_the_overlay_s_device(overlay, tmp_path, cuda_s
             if ENV_REWARD_ADDR in env:
                 env[ENV_REWARD_ADDR] = f"127.0.0.1:{ports['reward'][0]}"
             env.pop("HF_HOME", None)   # a container path
+            env, args = run_on_shapes(run_env, env, c.get("args", []))
             image = dockerfile_image(role_args(role, "gpu"), "gpu")
-            argv = [*image.entrypoint, *[files.get(a, a) for a in c.get("args", [])]]
+            argv = [*image.entrypoint, *[files.get(a, a) for a in args]]
             procs.append(start_container_process(argv, {**{k: v for k, v in image.env.items()
                                                            if k.startswith("SOLRL_")}, **env},
                                                  tmp_path / f"{role}.log", tmp_path, ports[role][0]))
         infos = {role: v1_info(ports[role][1]) for role in ("reward", *ROLLOUT)}
         pusher = trainer_server.AdapterPusher([f"127.0.0.1:{ports['explorer'][0]}"],
-                                              [f"127.0.0.1:{ports['regenerator'][0]}"], TOKEN)
+                                              [f"127.0.0.1:{ports['regenerator'][0]}"], TOKEN,
+                                              data_token=TOKEN)   # every Secret is TOKEN here, the doors' too
         cfg = _trainer_cfg(f"k8s/overlays/{overlay}", tmp_path / "trainer")
         try:
             workers = trainer_server.check_workers(pusher, cfg, timeout_s=30)
