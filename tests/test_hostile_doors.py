@@ -321,15 +321,15 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408_and_the_connection_freed(p
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
             conn.sendall(b"POST /body HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nabc")
             t0, reply = time.monotonic(), b""
-            while not reply.endswith(b"}") and time.monotonic() - t0 < 8:
+            while not reply.endswith(b"}") and time.monotonic() - t0 < 30:
                 if pace == "trickled":
                     conn.send(b"x")
                 if select.select([conn], [], [], 0.1)[0]:
                     reply += conn.recv(65536)
             took = time.monotonic() - t0
             assert reply.startswith(b"HTTP/1.1 408"), reply
-            assert b"not received within 1 s" in reply and 0.9 < took < 5
-            conn.settimeout(5)
+            assert b"not received within 1 s" in reply and 0.9 < took < 20   # generous: a loaded 2-core machine
+            conn.settimeout(20)
             assert conn.recv(65536) == b""   # closed by the server: the half-read request cannot go on
         assert httpx.post(f"http://127.0.0.1:{server.port}/body", content=b"y" * 500).json() == {"bytes": 500}
     finally:
@@ -440,19 +440,18 @@ def test_the_data_token_on_the_explorer_and_regenerator_doors():
     from services.trainer.server import AdapterPusher, check_workers
     from solrl.adapters import sha256_hex
     from solrl.config import get_preset
-    from solrl.models.shapes import ShapesModel
     from solrl.pb.solrl.common.v1 import common_pb2
     from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
     from solrl.pb.solrl.regenerator.v1 import regenerator_pb2, regenerator_pb2_grpc
     from solrl.precision import PrecisionConfig
     from solrl.rewards import build_reward
-    from tests.test_adapter_distribution import adapter, plane
+    from tests.test_adapter_distribution import adapter, plane, tiny_model
 
-    model = ShapesModel.random(seed=0, layers=1, heads=2)
-    regen = RegeneratorDataPlane(model, PrecisionConfig("bf16"), None, build_reward("shapes"), steps=2)
+    # each plane serves its own model in place (the explorer quantizes its copy): copies of the same weights
+    regen = RegeneratorDataPlane(tiny_model(), PrecisionConfig("bf16"), None, build_reward("shapes"), steps=2)
     regen.model_name, regen.base_precision = "shapes", "bf16"
     adapter_token = "adapter-tok-0c9e"
-    explorer = start_explorer(plane(model), ServiceMetrics("explorer"), adapter_token=adapter_token, data_token=TOKEN)
+    explorer = start_explorer(plane(tiny_model()), ServiceMetrics("explorer"), adapter_token=adapter_token, data_token=TOKEN)
     regenerator = start_regenerator(regen, ServiceMetrics("regenerator"), adapter_token=adapter_token,
                                     data_token=TOKEN)
     try:
@@ -476,7 +475,7 @@ def test_the_data_token_on_the_explorer_and_regenerator_doors():
         assert httpx.get(f"{http}/v2/models/explore", headers=AUTH).status_code == 200
         assert httpx.get(f"{http}/v2/health/ready").json() == {"ready": True}
         # the trainer: Info with the data token, LoadAdapter with the adapter token
-        data = adapter(model, 1)
+        data = adapter(tiny_model(), 1)
         cfg = get_preset("shapes-sol-rl")
         addrs = ([explorer.grpc.address], [regenerator.grpc.address])
         without = AdapterPusher(*addrs, adapter_token, retry_s=0.5)
