@@ -93,6 +93,17 @@ def push(hot: HotSwapModel, data: bytes, version: int) -> None:
     hot.load(data, version=version, sha256=sha256_hex(data))
 
 
+def put_adapter(http: httpx.Client, adapters: LoraAdapters, spec: LoraSpec, version: int, scale: float) -> None:
+    """Move the adapter by a seeded step of `scale` and PUT it to the explorer's /v1/adapter as `version`."""
+    with torch.no_grad():
+        for p in adapters.parameters("default"):
+            p.add_(scale * torch.randn(p.shape, generator=torch.Generator().manual_seed(version)))
+    data = encode_adapter(adapters.state_dict("default"), version, spec)
+    response = http.put("/v1/adapter", content=data, headers={
+        "Authorization": f"Bearer {TOKEN}", "X-Adapter-Version": str(version), "X-Adapter-Sha256": sha256_hex(data)})
+    assert response.status_code == 200, response.text
+
+
 @pytest.mark.parametrize("backend", ["nvfp4-emu", "fp8-e4m3-emu", "bf16"])
 def test_ten_pushes_keep_the_bytes_of_one_and_serve_the_fresh_merge(backend):
     torch.manual_seed(0)
@@ -179,14 +190,7 @@ def test_an_explorer_service_receiving_ten_pushes_holds_the_bytes_of_one():
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{svc.http.port}", timeout=60) as http:
             for version in range(1, 11):
-                with torch.no_grad():
-                    for p in adapters.parameters("default"):
-                        p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(version)))
-                data = encode_adapter(adapters.state_dict("default"), version, spec)
-                response = http.put("/v1/adapter", content=data, headers={
-                    "Authorization": f"Bearer {TOKEN}", "X-Adapter-Version": str(version),
-                    "X-Adapter-Sha256": sha256_hex(data)})
-                assert response.status_code == 200, response.text
+                put_adapter(http, adapters, spec, version, 0.2)
                 sizes.append(resident_bytes(plane.hot))
             got = plane.explore(["a red circle"], [[1, 2, 3, 4]], steps=2, kept=2)
     finally:
@@ -274,14 +278,7 @@ def test_an_explorer_process_holds_no_second_copy_over_ten_pushes(tmp_path):
         start_kib = proc_kib(proc.pid, "VmRSS")
         with httpx.Client(base_url=f"http://{http_addr}", timeout=120) as http:
             for version in range(1, 11):
-                with torch.no_grad():
-                    for p in adapters.parameters("default"):
-                        p.add_(0.01 * torch.randn(p.shape, generator=torch.Generator().manual_seed(version)))
-                data = encode_adapter(adapters.state_dict("default"), version, spec)
-                r = http.put("/v1/adapter", content=data, headers={
-                    "Authorization": f"Bearer {TOKEN}", "X-Adapter-Version": str(version),
-                    "X-Adapter-Sha256": sha256_hex(data)})
-                assert r.status_code == 200, r.text
+                put_adapter(http, adapters, spec, version, 0.01)
                 rss.append(proc_kib(proc.pid, "VmRSS"))
             peak = proc_kib(proc.pid, "VmHWM")
     finally:
