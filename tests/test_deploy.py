@@ -321,13 +321,17 @@ def write_overlay_secrets(tree: Path, token: str = "test-token") -> None:
                                                            for r in (*QUEUE_ROLES, "keda")))
 
 
+def k8s_copy(where: Path, token: str = "test-token") -> Path:
+    """A copy of k8s/ in `where` with the GPU overlays' git-ignored secret files present, as a user has them."""
+    tree = where / "k8s"
+    shutil.copytree(ROOT / "k8s", tree)
+    write_overlay_secrets(tree, token)
+    return tree
+
+
 @pytest.fixture()
 def k8s_tree(tmp_path):
-    """A copy of k8s/ with the GPU overlays' git-ignored secret files present, as a user has them."""
-    tree = tmp_path / "k8s"
-    shutil.copytree(ROOT / "k8s", tree)
-    write_overlay_secrets(tree)
-    return tree
+    return k8s_copy(tmp_path)
 
 
 def kustomize(tree: Path, overlay: str) -> list[dict]:
@@ -1180,9 +1184,7 @@ def trainer_entry(source: str, tmp: Path, run_set: str | None = DEPLOY_SET) -> t
     user = {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_RUN_ID": "entry",
             **({"SOLRL_SET": run_set} if run_set is not None else {})}
     if source.startswith("k8s/"):
-        tree = tmp / "k8s"
-        shutil.copytree(ROOT / "k8s", tree)
-        write_overlay_secrets(tree, TOKEN)
+        tree = k8s_copy(tmp, TOKEN)
         by_kind = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(tree, Path(source).name)}
         (c,) = containers(by_kind[("Job", "trainer")])
         env = container_env(c, by_kind)

@@ -25,14 +25,12 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import urllib.request
 from pathlib import Path
 
 import pytest
 from test_deploy import (
     COMPOSE_SECRETS,
-    ROOT,
     TOKEN,
     ComposeAsProcesses,
     _redis_or_skip,
@@ -42,11 +40,11 @@ from test_deploy import (
     containers,
     dockerfile_image,
     free_port,
+    k8s_copy,
     kustomize,
     role_args,
     start_container_process,
     trainer_entry,
-    write_overlay_secrets,
 )
 
 from services.common.adapter_reload import ENV_ADAPTER_TOKEN
@@ -155,9 +153,7 @@ def test_gpu_overlay_pods_load_on_the_overlay_s_device(overlay, tmp_path, cuda_s
     rendered."""
     redis_url = "redis://127.0.0.1:6379/0"
     _redis_or_skip(redis_url)
-    tree = tmp_path / "k8s"
-    shutil.copytree(ROOT / "k8s", tree)
-    write_overlay_secrets(tree, TOKEN)
+    tree = k8s_copy(tmp_path, TOKEN)
     by_kind = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(tree, overlay)}
     files = {"/etc/solrl/run.json": str(tree / "base" / "run.json")}
     (run_env,) = [d["data"] for (kind, name), d in by_kind.items() if kind == "ConfigMap"

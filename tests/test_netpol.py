@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import pytest
-from test_deploy import OVERLAYS, ROOT, container_env, containers, kustomize, write_overlay_secrets
+from test_deploy import OVERLAYS, container_env, containers, k8s_copy, kustomize
 
 from services.common.env import ENV_TRAINER_URL
 from services.common.rollout_plane import ENV_REWARD_ADDR
@@ -189,10 +189,7 @@ KEDA = Pod("keda-operator-0", "keda", {"app": "keda-operator"})
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     """A copy of k8s/ with the GPU overlays' git-ignored secret files, as a user has them."""
-    tree = tmp_path_factory.mktemp("netpol") / "k8s"
-    shutil.copytree(ROOT / "k8s", tree)
-    write_overlay_secrets(tree)
-    return tree
+    return k8s_copy(tmp_path_factory.mktemp("netpol"))
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_deploy import write_overlay_secrets
+from test_deploy import k8s_copy
 
 from solrl import plan as P
 from solrl.cli import main
@@ -254,9 +254,7 @@ def test_emit_compose_and_kustomize(tmp_path):
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl not installed: the component is not built into the overlay")
-    tree = tmp_path / "k8s"
-    shutil.copytree(ROOT / "k8s", tree)
-    write_overlay_secrets(tree)
+    tree = k8s_copy(tmp_path)
     (tree / "overlays" / "b200" / "plan" / "kustomization.yaml").write_text(frag)
     out = subprocess.run([kubectl, "kustomize", str(tree / "overlays" / "b200")], capture_output=True, text=True,
                          check=True).stdout

@@ -10,8 +10,6 @@ tests/test_deploy.py runs the same with every service as a process.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -19,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis as redis_py
+from test_deploy import _redis_server_or_skip, free_port
 
 from services.common.metrics import ServiceMetrics
 from solrl.distributed import (
@@ -48,12 +47,6 @@ KEY = "run-queue-key-5b1d9e0f3a7c2d48"
 VERSION = 3   # the adapter version the epoch's jobs ask for
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def script_env(namespace: str, **overrides: str) -> dict[str, str]:
     env = {"PATH": os.environ["PATH"], "SOLRL_QUEUE_NAMESPACE": namespace,
            **{f"SOLRL_REDIS_{r.upper()}_PASSWORD": p for r, p in PASSWORDS.items()}}
@@ -64,10 +57,7 @@ def script_env(namespace: str, **overrides: str) -> dict[str, str]:
 @pytest.fixture()
 def acl_redis(tmp_path):
     """(port, namespace): a fresh redis-server started by redis-acl.sh, no persistence."""
-    if shutil.which("redis-server") is None:
-        if os.environ.get("SOLRL_REQUIRE_DEPLOY_TOOLS") == "1":   # CI installs it (.ci/run): never skip there
-            pytest.fail("redis-server not found (SOLRL_REQUIRE_DEPLOY_TOOLS=1)")
-        pytest.skip("redis-server not installed")
+    _redis_server_or_skip()   # CI installs it (.ci/run) and fails rather than skips without it
     tmp = tmp_path
     port, namespace = free_port(), f"sec-test:{os.getpid()}"
     log = open(tmp / "redis.log", "w")
