@@ -279,3 +279,26 @@ def test_compile_setting_is_refused_without_a_gpu():
     cfg.model.compile = "yes"
     with pytest.raises(ConfigError, match="true or false"):
         cfg.validate()
+
+
+
+def test_the_rollout_services_take_model_compile_from_the_run():
+    """An explorer or regenerator takes model.compile from the run as it takes model.device (refused on a machine
+    without CUDA, as the trainer's run is); --compile asks for it alone, and a compiling service's model is refused
+    where it computes on the CPU."""
+    import argparse
+
+    from services.common.args import add_model_arguments
+    from services.common.rollout_shell import load_served_model, settle_role_args
+    from solrl.config import ConfigError
+
+    def settled(*argv: str) -> argparse.Namespace:
+        p = argparse.ArgumentParser()
+        add_model_arguments(p, {}, precision="nvfp4-emu", steps=6, grpc_port=0, http_port=0)
+        return settle_role_args(p.parse_args(["--preset", "shapes-sol-rl", *argv]), "explorer")
+
+    assert settled().compile is False and settled("--compile").compile is True
+    with pytest.raises(ConfigError, match="model.compile"):
+        settled("--set", "model.compile=true")
+    with pytest.raises(ValueError, match="model.compile"):
+        load_served_model(settled("--compile"))   # the model computes on the CPU: compile_denoiser refuses it

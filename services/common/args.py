@@ -48,13 +48,16 @@ def add_model_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], 
     addr = Addresses.from_env(environ, grpc_port=grpc_port, http_port=http_port)
     p.set_defaults(role_defaults={"model": "shapes", "model_path": None, "base_precision": "bf16",
                                   "reward": "shapes", "micro_batch": 64, "precision": precision, "steps": steps,
-                                  "frames": 0, "height": 0, "width": 0, "reward_frames": "first", "device": ""})
+                                  "frames": 0, "height": 0, "width": 0, "reward_frames": "first", "device": "",
+                                  "compile": False})
     add_run_arguments(p, environ, "rollout")
     p.add_argument("--model", default=None, choices=list(MODEL_NAMES),
                    help="model registry name (default: the run's model.name, else shapes)")
     p.add_argument("--model-path", default=None, help="local weights directory (default: the run's model.path)")
     p.add_argument("--device", default=None,
                    help="torch device of the model, e.g. cuda (default: the run's model.device, else the model's own)")
+    p.add_argument("--compile", default=None, action=argparse.BooleanOptionalAction,
+                   help="sample through torch.compile'd denoisers, GPU only (default: the run's model.compile)")
     p.add_argument("--precision", default=None, choices=list(BACKEND_NAMES),
                    help=f"serving precision backend (default: the run's, else {precision})")
     p.add_argument("--base-precision", default=None, choices=("bf16", "fp32"),

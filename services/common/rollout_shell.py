@@ -96,6 +96,7 @@ _FROM_RUN = {
     "model": lambda c, role: c.model.name,
     "model_path": lambda c, role: c.model.path or None,
     "device": lambda c, role: c.model.device,
+    "compile": lambda c, role: c.model.compile,
     "base_precision": lambda c, role: c.rollout.precision.backend,
     "reward": lambda c, role: c.reward,
     "micro_batch": lambda c, role: c.rollout.micro_batch,
@@ -173,6 +174,8 @@ def load_served_model(args: argparse.Namespace) -> tuple[T2IModel, LoraSpec | No
     if args.threads:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, args.model_path, args.device or None, **model_options(args))   # a video's clip
+    if args.compile:
+        model.compile_denoiser()   # as the trainer's Session does for model.compile (refused on the CPU)
     build_backend(PrecisionConfig(args.base_precision)).prepare(model.transformer)
     return model, pinned_lora(args, model)
 
