@@ -85,7 +85,7 @@ def test_the_services_use_the_light_modules_options_and_names() -> None:
 
 
 def test_the_cli_bench_times_every_help_against_importing_torch(tmp_path) -> None:
-    """The speed itself is a benchmark figure (`solrl bench cli`, README), not a timed test: here, that the
+    """The speed itself is a benchmark figure (`solrl bench cli`, docs/results.md), not a timed test: here, that the
     bench runs every subcommand's help and reports it beside the torch import."""
     from solrl.bench import run_bench
     from solrl.bench.cli import commands
