@@ -799,9 +799,9 @@ class MemoryModel:
     def role(self, role: str, ranks: int = 1) -> float:
         return sum(self.parts(role, ranks).values())
 
-    def max_train_micro_batch(self, hbm_gb: float, colocated: bool, ranks: int = 1) -> int:
+    def max_train_micro_batch(self, hbm_gb: float, colocated: bool) -> int:
         """The largest train.micro_batch whose activations fit beside the trainer's (or every role's) weights."""
-        fixed = dataclasses.replace(self, train_micro_batch=0).role("colocated" if colocated else "trainer", ranks)
+        fixed = dataclasses.replace(self, train_micro_batch=0).role("colocated" if colocated else "trainer")
         if colocated:
             fixed -= max(self.sample_activations, self.decode_activations)
         per = dataclasses.replace(self, train_micro_batch=1).train_activations
