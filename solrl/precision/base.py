@@ -106,7 +106,7 @@ def build_backend(cfg: PrecisionConfig) -> PrecisionBackend:
         )
     from solrl.models import ENV_CUDA_STANDIN, cuda_stood_in
 
-    if cuda_stood_in() and not torch.cuda.is_available():  # tests only (solrl.models.ENV_CUDA_STANDIN)
+    if cuda_stood_in():  # tests only (solrl.models.ENV_CUDA_STANDIN)
         emulation = sorted((n for n, c in BACKENDS.items() if c.emulates == cfg.backend),
                            key=lambda n: "te-emu" not in n)
         if emulation:
