@@ -164,14 +164,15 @@ def _required(name: str) -> str:
     return f"${{{name}:?set {name} (openssl rand -hex 32)}}"
 
 
-def redis_user(role: str, indent: str, braces: int = 1) -> str:
-    """A queue role's Redis connection in compose: its own ACL user in the URL, its password (required) apart.
-    braces: how many times the text is formatted after this (each doubles the braces)."""
-    required = _required(f"SOLRL_REDIS_{role.upper()}_PASSWORD")
-    if braces > 1:
-        required = required.replace("{", "{" * braces).replace("}", "}" * braces)
+def _braces_escaped(text: str) -> str:
+    """`text` as a str.format template that gives it back (COMPOSE_COMMON is formatted once)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def redis_user(role: str, indent: str) -> str:
+    """A queue role's Redis connection in compose: its own ACL user in the URL, its password (required) apart."""
     return (f"{indent}SOLRL_REDIS_URL: redis://{role}@redis:6379/0\n"
-            f"{indent}SOLRL_REDIS_PASSWORD: {required}\n")
+            f"{indent}SOLRL_REDIS_PASSWORD: {_required(f'SOLRL_REDIS_{role.upper()}_PASSWORD')}\n")
 
 
 DEVICE_SET = "model.device=cuda"   # every role of a GPU layout loads its model on its GPU
@@ -226,7 +227,7 @@ x-{role}: &{role}
   image: solrl/{role}:gpu
   environment:
     <<: [*base-env, *run-env, *queue-env]
-""" + redis_user(role, "    ", 2) + f"""    SOLRL_REWARD_ADDR: reward:8001
+""" + _braces_escaped(redis_user(role, "    ")) + f"""    SOLRL_REWARD_ADDR: reward:8001
     SOLRL_TRAINER_URL: http://trainer:8093
     SOLRL_GRPC_PORT: "{PORTS[role][0]}"
     SOLRL_HTTP_PORT: "{PORTS[role][1]}"

@@ -317,6 +317,14 @@ class Denoiser:
     resolution: int
 
 
+def wan_latent_shape(name: str) -> tuple[int, int, int, int]:
+    """(C, F, H, W) of one latent clip of the family's default size (the Wan VAE: 4x in time, 8x in space)."""
+    from solrl.models.wan import WAN_FAMILIES
+
+    fam = WAN_FAMILIES[name]
+    return WAN_ARCHITECTURES[name]["in_channels"], (fam.frames - 1) // 4 + 1, fam.height // 8, fam.width // 8
+
+
 def wan_denoiser(name: str):
     """Wan2.2 A14B's two experts on the meta device (solrl.models.wan.WanExperts, as the model holds them) and one
     forward of the high-noise expert at the family's default clip."""
@@ -328,8 +336,7 @@ def wan_denoiser(name: str):
     fam, config = WAN_FAMILIES[name], WAN_ARCHITECTURES[name]
     with torch.device("meta"):
         module = WanExperts(*(diffusers.WanTransformer3DModel(**config) for _ in WanExperts.EXPERTS))
-    frames = (fam.frames - 1) // 4 + 1
-    shape = (1, config["in_channels"], frames, fam.height // 8, fam.width // 8)
+    shape = (1, *wan_latent_shape(name))
 
     def run():
         with torch.device("meta"):
@@ -344,10 +351,12 @@ def wan_forward(name: str, linear_macs: int) -> Forward:
     (X C_in p_t p_h p_w D) and per block self-attention 2 X^2 D and cross-attention 2 X T D (T text tokens)."""
     from solrl.models.wan import WAN_FAMILIES
 
-    fam, c = WAN_FAMILIES[name], WAN_ARCHITECTURES[name]
+    c = WAN_ARCHITECTURES[name]
     pt, ph, pw = c["patch_size"]
-    x = ((fam.frames - 1) // 4 + 1) // pt * (fam.height // 8 // ph) * (fam.width // 8 // pw)
-    d, t, layers = c["num_attention_heads"] * c["attention_head_dim"], fam.max_sequence_length, c["num_layers"]
+    _, frames, h, w = wan_latent_shape(name)
+    x = frames // pt * (h // ph) * (w // pw)
+    d, t, layers = (c["num_attention_heads"] * c["attention_head_dim"], WAN_FAMILIES[name].max_sequence_length,
+                    c["num_layers"])
     return Forward(linear_macs, x * c["in_channels"] * pt * ph * pw * d, layers * (2 * x * x * d + 2 * x * t * d),
                    x, d, layers)
 
@@ -418,11 +427,16 @@ class Sizes:
 
 def denoiser_sizes(module, precision, lora_targets: tuple[str, ...], lora_rank: int) -> Sizes:
     """`module`'s Sizes under a PrecisionConfig (with the model's skips applied) and LoRA targets / rank."""
-    from solrl.adapters.lora import LoraSpec
-    from solrl.adapters.merge import lora_targets as select_targets
     from solrl.precision import build_backend
 
-    selected = build_backend(precision).selected_layers(module)
+    return _sizes(module, build_backend(precision).selected_layers(module), lora_targets, lora_rank)
+
+
+def _sizes(module, selected: list[str], lora_targets: tuple[str, ...], lora_rank: int) -> Sizes:
+    """`denoiser_sizes` given the layers the precision backend selects."""
+    from solrl.adapters.lora import LoraSpec
+    from solrl.adapters.merge import lora_targets as select_targets
+
     targets = select_targets(module, LoraSpec(rank=lora_rank, target_modules=tuple(lora_targets)))
     weights = {n: module.get_submodule(n).weight.numel() for n in selected}
     target = {n: m.weight.numel() for n, m in targets.items()}
@@ -443,7 +457,8 @@ def model_facts(name: str, precision_json: str, lora_targets: tuple[str, ...], l
     pc = PrecisionConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(precision_json).items()})
     pc = with_model_skips(pc, d.quant_skip, d.quant_min_features)
     module = d.module
-    sizes = denoiser_sizes(module, pc, lora_targets or d.lora_targets, lora_rank)
+    selected = build_backend(pc).selected_layers(module)
+    sizes = _sizes(module, selected, lora_targets or d.lora_targets, lora_rank)
     conv = sum(d.layer_macs.values()) - d.linear_macs
     if name == "shapes":  # measured: the UNet's layer MACs and its attention products
         forward = Forward(d.linear_macs, conv, attention_macs(module, d.run), d.resolution ** 2,
@@ -453,7 +468,7 @@ def model_facts(name: str, precision_json: str, lora_targets: tuple[str, ...], l
         conv = forward.conv_macs   # the Conv3d patch embedding (layer hooks count Linear and Conv2d)
     else:
         forward = denoiser_forward(name)
-    quantized_macs = sum(d.layer_macs.get(n, 0) for n in build_backend(pc).selected_layers(module))
+    quantized_macs = sum(d.layer_macs.get(n, 0) for n in selected)
     return ModelFacts(name, forward, quantized_macs, resolution=d.resolution, measured_macs=(d.linear_macs, conv),
                       prompt_bytes=prompt_bytes(name), **dataclasses.asdict(sizes))
 
@@ -784,9 +799,9 @@ class MemoryModel:
     def role(self, role: str, ranks: int = 1) -> float:
         return sum(self.parts(role, ranks).values())
 
-    def max_train_micro_batch(self, hbm_gb: float, colocated: bool, ranks: int = 1) -> int:
+    def max_train_micro_batch(self, hbm_gb: float, colocated: bool) -> int:
         """The largest train.micro_batch whose activations fit beside the trainer's (or every role's) weights."""
-        fixed = dataclasses.replace(self, train_micro_batch=0).role("colocated" if colocated else "trainer", ranks)
+        fixed = dataclasses.replace(self, train_micro_batch=0).role("colocated" if colocated else "trainer")
         if colocated:
             fixed -= max(self.sample_activations, self.decode_activations)
         per = dataclasses.replace(self, train_micro_batch=1).train_activations
@@ -1083,10 +1098,6 @@ def make_plan(cfg: RunConfig, preset: str, gpu_kind: str, gpus: int, *, layout: 
     pipelined = min((x for x in dis if x.fits), key=lambda x: x.pipelined_s, default=None)
     return Plan(recipe, gpu_kind, gpus, facts, cal, {k: s.seconds(cal) for k, s in st.items()}, mem, best,
                 colo if colo is not None and colo.fits else None, best_dis, ev, notes, pipelined)
-
-
-def _roles_text(memory: dict[str, float], hbm: float) -> str:
-    return ", ".join(f"{k} {v:.0f} GB" for k, v in memory.items()) + f" (usable {hbm * USABLE_HBM:.0f} GB per GPU)"
 
 
 def _over_text(x: Layout) -> str:

@@ -22,7 +22,7 @@ from solrl.algo import (
     timestep_indices,
 )
 from solrl.config import ConfigError, RunConfig, TrainConfig
-from solrl.models.base import Cond, T2IModel
+from solrl.models.base import Cond, T2IModel, compute_device
 from solrl.precision.base import allow_tf32
 from solrl.sampling import SDEStep, flow_sigmas, sde_step_with_logprob
 
@@ -41,8 +41,7 @@ def use_gradient_checkpointing(setting: str, model: T2IModel) -> bool:
     from solrl.models.diffusers_t2i import DiffusersT2I
     from solrl.models.wan import WanModel
 
-    param = next(model.transformer.parameters(), None)
-    return isinstance(model, (DiffusersT2I, WanModel)) and param is not None and param.is_cuda
+    return isinstance(model, (DiffusersT2I, WanModel)) and compute_device(model.transformer).type == "cuda"
 
 
 def set_gradient_checkpointing(transformer: torch.nn.Module, on: bool) -> bool:
@@ -80,8 +79,7 @@ class NFTTrainer:
     def __init__(self, model: T2IModel, adapters: LoraAdapters, cfg: TrainConfig, rollout_steps: int,
                  shift: float = 1.0) -> None:
         self.model, self.adapters, self.cfg = model, adapters, cfg
-        param = next(adapters.model.parameters(), None)
-        allow_tf32(param.device if param is not None else "cpu")   # FP32 LoRA matmuls on tensor cores (CUDA)
+        allow_tf32(compute_device(adapters.model))   # FP32 LoRA matmuls on tensor cores (CUDA)
         self.gradient_checkpointing = set_gradient_checkpointing(
             adapters.model, use_gradient_checkpointing(cfg.gradient_checkpointing, model))
         self.params = adapters.trainable_parameters()

@@ -64,8 +64,13 @@ log = logging.getLogger(__name__)
 
 
 def cuda_stood_in() -> bool:
-    """Whether CUDA is stood in by the CPU (ENV_CUDA_STANDIN, tests only)."""
-    return os.environ.get(ENV_CUDA_STANDIN) == "1"
+    """Whether CUDA is stood in by the CPU: ENV_CUDA_STANDIN is set (tests only) and this machine has no CUDA
+    device (where it has one, CUDA runs as it is)."""
+    if os.environ.get(ENV_CUDA_STANDIN) != "1":
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 def served_device(model: T2IModel) -> str:
@@ -77,9 +82,7 @@ def served_device(model: T2IModel) -> str:
 def device_info(device: str) -> dict[str, str]:
     """What a role reports of its device (/v1/info, the Info RPC): `device`, and `device_stand_in` (the CPU) when
     a CUDA device is stood in (ENV_CUDA_STANDIN)."""
-    import torch
-
-    stood_in = device.startswith("cuda") and cuda_stood_in() and not torch.cuda.is_available()
+    stood_in = device.startswith("cuda") and cuda_stood_in()
     return {"device": device, **({"device_stand_in": "cpu"} if stood_in else {})}
 
 
@@ -97,7 +100,7 @@ def load_model(name: str, path: str | Path | None = None, device: str | None = N
     if options and not getattr(loader, "takes_options", False):
         raise ValueError(f"model {name!r} takes no load options, got {sorted(options)}")
     asked = str(torch.device(device)) if device else ""
-    if asked.startswith("cuda") and cuda_stood_in() and not torch.cuda.is_available():
+    if asked.startswith("cuda") and cuda_stood_in():
         log.warning("%s=1: model %s asked for %s loads on the CPU (a test stand-in, never a real node)",
                     ENV_CUDA_STANDIN, name, asked)
         device = "cpu"

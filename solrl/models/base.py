@@ -31,6 +31,11 @@ class Cond:
     def index(self, idx: torch.Tensor | list[int] | slice) -> Cond:
         return Cond(self.embeds[idx], self.mask[idx], None if self.pooled is None else self.pooled[idx])
 
+    def to(self, device: torch.device | str, copy: bool = False) -> Cond:
+        """The same rows on `device` (`copy`: new tensors even where they are there already)."""
+        return Cond(self.embeds.to(device, copy=copy), self.mask.to(device, copy=copy),
+                    None if self.pooled is None else self.pooled.to(device, copy=copy))
+
     @staticmethod
     def cat(conds: list[Cond]) -> Cond:
         pooled = [c.pooled for c in conds]
@@ -94,9 +99,8 @@ class Velocity:
         a, b = uncond.cond, self.cond
         if a.embeds.shape[1:] != b.embeds.shape[1:] or (a.pooled is None) != (b.pooled is None):
             return None
-        a = Cond(a.embeds.to(b.embeds.device), a.mask.to(b.mask.device),   # the prompts may be cached elsewhere
-                 None if a.pooled is None else a.pooled.to(b.pooled.device))
-        return Velocity(self.model, self.transformer, Cond.cat([a, b]))
+        # the prompts may be cached elsewhere
+        return Velocity(self.model, self.transformer, Cond.cat([a.to(b.embeds.device), b]))
 
 
 class T2IModel:

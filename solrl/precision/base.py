@@ -106,11 +106,13 @@ def build_backend(cfg: PrecisionConfig) -> PrecisionBackend:
         )
     from solrl.models import ENV_CUDA_STANDIN, cuda_stood_in
 
-    emulation = sorted((n for n, c in BACKENDS.items() if c.emulates == cfg.backend), key=lambda n: "te-emu" not in n)
-    if emulation and cuda_stood_in() and not torch.cuda.is_available():  # tests only (solrl.models.ENV_CUDA_STANDIN)
-        logging.getLogger(__name__).warning("%s=1: precision %s built as its CPU emulation %s (a test stand-in)",
-                                            ENV_CUDA_STANDIN, cfg.backend, emulation[0])
-        return BACKENDS[emulation[0]](dataclasses.replace(cfg, backend=emulation[0]))
+    if cuda_stood_in():  # tests only (solrl.models.ENV_CUDA_STANDIN)
+        emulation = sorted((n for n, c in BACKENDS.items() if c.emulates == cfg.backend),
+                           key=lambda n: "te-emu" not in n)
+        if emulation:
+            logging.getLogger(__name__).warning("%s=1: precision %s built as its CPU emulation %s (a test stand-in)",
+                                                ENV_CUDA_STANDIN, cfg.backend, emulation[0])
+            return BACKENDS[emulation[0]](dataclasses.replace(cfg, backend=emulation[0]))
     return BACKENDS[cfg.backend](cfg)
 
 

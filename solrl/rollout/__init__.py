@@ -80,35 +80,29 @@ class PromptCache:
         return prompt in self._cache
 
     def __call__(self, prompts: list[str]) -> Cond:
-        missing = sorted({p for p in prompts if p not in self._cache})
-        if len(set(prompts)) > self.max_entries:
-            raise ValueError(f"{len(set(prompts))} distinct prompts in one batch exceed the prompt cache's "
+        distinct = set(prompts)
+        if len(distinct) > self.max_entries:
+            raise ValueError(f"{len(distinct)} distinct prompts in one batch exceed the prompt cache's "
                              f"{self.max_entries} entries (rollout.prompt_cache_entries)")
+        missing = sorted(p for p in distinct if p not in self._cache)
         if missing:
             with torch.no_grad():
                 enc = self.model.encode(missing)
-            self._device = enc.embeds.device
+            self._device, home = enc.embeds.device, self._home(enc)
             for i, p in enumerate(missing):
                 # a copy of its own row (a view would keep the whole batch alive), where it is kept
-                self._cache[p] = _to(enc.index(slice(i, i + 1)), self._home(enc), copy=True)
+                self._cache[p] = enc.index(slice(i, i + 1)).to(home, copy=True)
         for p in prompts:
             self._cache.move_to_end(p)
         while len(self._cache) > self.max_entries:
             self._cache.popitem(last=False)
-        return _to(Cond.cat([self._cache[p] for p in prompts]), self._device)
+        return Cond.cat([self._cache[p] for p in prompts]).to(self._device)
 
     def _home(self, enc: Cond) -> torch.device:
         """Where an encoding is kept: host memory for a large one on CUDA, else its own device."""
         row = enc.index(slice(0, 1))
         size = sum(t.numel() * t.element_size() for t in (row.embeds, row.mask, row.pooled) if t is not None)
         return torch.device("cpu") if enc.embeds.is_cuda and size >= HOST_CACHE_MIN_BYTES else enc.embeds.device
-
-
-def _to(cond: Cond, device: torch.device, copy: bool = False) -> Cond:
-    def move(t: torch.Tensor | None) -> torch.Tensor | None:
-        return None if t is None else t.to(device, copy=copy)
-
-    return Cond(move(cond.embeds), move(cond.mask), move(cond.pooled))
 
 
 def generate(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds: list[int], steps: int,
