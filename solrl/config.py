@@ -135,7 +135,8 @@ class TrainConfig:
     old_decay_rate: float = 0.001       # old <- d*old + (1-d)*new, d = min(rate*step, cap)
     old_decay_cap: float = 0.5
     # recompute each transformer block's activations in the backward pass (diffusers'
-    # enable_gradient_checkpointing): "auto" = on for real models on CUDA (solrl.trainer.use_gradient_checkpointing),
+    # enable_gradient_checkpointing): "auto" = on for a real model on CUDA where the planner's memory model says the trainer
+    # does not fit this GPU without it (solrl.trainer.use_gradient_checkpointing),
     # "true" / "false" = always / never
     gradient_checkpointing: str = "auto"
 

@@ -845,6 +845,14 @@ def memory_model(facts: ModelFacts, recipe: Recipe) -> MemoryModel:
         prompt_mb=facts.prompt_bytes / 1e6)
 
 
+def trainer_fits_without_checkpointing(cfg: RunConfig, hbm_gb: float, ranks: int = 1) -> bool:
+    """Whether the trainer's process of `cfg`, as MemoryModel counts it, fits a GPU of `hbm_gb` (USABLE_HBM of it)
+    without gradient checkpointing, with `ranks` data-parallel ranks: train.gradient_checkpointing=auto's answer
+    (solrl.trainer.use_gradient_checkpointing). PlanError for a model the planner has no architecture for."""
+    recipe, pc = recipe_from_config(cfg, "-", dataclasses.replace(GPUS[REFERENCE_GPU], hbm_gb=hbm_gb))
+    return memory_model(_facts(cfg, pc), recipe).role("trainer", ranks) <= hbm_gb * USABLE_HBM
+
+
 # -------------------------------------------------------------------- layouts
 
 @dataclass(frozen=True)

@@ -27,13 +27,13 @@ from solrl.precision.base import allow_tf32
 from solrl.sampling import SDEStep, flow_sigmas, sde_step_with_logprob
 
 
-def use_gradient_checkpointing(setting: str, model: T2IModel) -> bool:
+def use_gradient_checkpointing(setting: str, model: T2IModel, run: RunConfig | None = None) -> bool:
     """Whether the trainer recomputes block activations in the backward pass (train.gradient_checkpointing).
-    "true" / "false": as said. "auto": on for a real model (a diffusers pipeline: SANA, SD3.5, FLUX, Wan2.2) on
-    CUDA, where a row's activations at the real resolution are gigabytes (SD3.5-L at 1024 px: about 16 GB), and
-    off for the shapes model and on the CPU, where they are small and the recompute would only cost time. The
-    rule is this simple one until the planner's memory model (solrl/plan.py) says per layout whether the
-    trainer fits without it."""
+    "true" / "false": as said. "auto": off for the shapes model and on the CPU, where activations are small and the
+    recompute would only cost time; for a real model (a diffusers pipeline: SANA, SD3.5, FLUX, Wan2.2) on CUDA, on
+    where the planner's memory model says this trainer process (`run`'s, on this GPU's memory, with this many
+    ranks) does not fit without it (solrl.plan.trainer_fits_without_checkpointing), and on wherever that cannot be
+    told (no run given, a model the planner has no architecture for)."""
     if setting not in ("auto", "true", "false"):
         raise ValueError(f"train.gradient_checkpointing must be auto, true or false, got {setting!r}")
     if setting != "auto":
@@ -41,7 +41,19 @@ def use_gradient_checkpointing(setting: str, model: T2IModel) -> bool:
     from solrl.models.diffusers_t2i import DiffusersT2I
     from solrl.models.wan import WanModel
 
-    return isinstance(model, (DiffusersT2I, WanModel)) and compute_device(model.transformer).type == "cuda"
+    device = compute_device(model.transformer)
+    if not isinstance(model, (DiffusersT2I, WanModel)) or device.type != "cuda":
+        return False
+    if run is None:
+        return True
+    from solrl import plan
+
+    hbm_gb = torch.cuda.get_device_properties(device).total_memory / 1e9
+    ranks = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    try:
+        return not plan.trainer_fits_without_checkpointing(run, hbm_gb, ranks)
+    except plan.PlanError:
+        return True
 
 
 def set_gradient_checkpointing(transformer: torch.nn.Module, on: bool) -> bool:
@@ -77,11 +89,12 @@ class NFTTrainer:
     """Owns the optimizer and the adapter bookkeeping (trainable "default", sampling "old", eval "ema")."""
 
     def __init__(self, model: T2IModel, adapters: LoraAdapters, cfg: TrainConfig, rollout_steps: int,
-                 shift: float = 1.0) -> None:
+                 shift: float = 1.0, *, run: RunConfig | None = None) -> None:
+        """run: the whole run's settings, for train.gradient_checkpointing=auto's memory estimate."""
         self.model, self.adapters, self.cfg = model, adapters, cfg
         allow_tf32(compute_device(adapters.model))   # FP32 LoRA matmuls on tensor cores (CUDA)
         self.gradient_checkpointing = set_gradient_checkpointing(
-            adapters.model, use_gradient_checkpointing(cfg.gradient_checkpointing, model))
+            adapters.model, use_gradient_checkpointing(cfg.gradient_checkpointing, model, run))
         self.params = adapters.trainable_parameters()
         # train.conv_lr > 0: the LoRA on convolutions in a second parameter group at its own learning rate (one
         # group otherwise, so optimizer checkpoints of runs without it keep their layout)
@@ -252,8 +265,8 @@ class FlowGRPOTrainer(NFTTrainer):
     NFT."""
 
     def __init__(self, model: T2IModel, adapters: LoraAdapters, cfg: TrainConfig, rollout_steps: int,
-                 shift: float = 1.0, *, eta: float, guidance: float = 1.0) -> None:
-        super().__init__(model, adapters, cfg, rollout_steps, shift)
+                 shift: float = 1.0, *, eta: float, guidance: float = 1.0, run: RunConfig | None = None) -> None:
+        super().__init__(model, adapters, cfg, rollout_steps, shift, run=run)
         if not eta > 0:
             raise ValueError(f"eta (rollout.sde_eta) must be > 0 for flow_grpo, got {eta!r}")
         self.eta, self.guidance = float(eta), float(guidance)
@@ -337,5 +350,5 @@ def build_trainer(model: T2IModel, adapters: LoraAdapters, cfg: RunConfig, shift
     """The trainer of `cfg.train.algo` (nft: NFTTrainer; flow_grpo: FlowGRPOTrainer)."""
     if cfg.train.algo == "flow_grpo":
         return FlowGRPOTrainer(model, adapters, cfg.train, cfg.rollout.steps, shift, eta=cfg.rollout.sde_eta,
-                               guidance=guidance)
-    return NFTTrainer(model, adapters, cfg.train, cfg.rollout.steps, shift)
+                               guidance=guidance, run=cfg)
+    return NFTTrainer(model, adapters, cfg.train, cfg.rollout.steps, shift, run=cfg)

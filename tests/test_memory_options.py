@@ -111,6 +111,20 @@ def test_the_auto_rule_and_the_trainer_setting(model):
     assert trainer.gradient_checkpointing and adapters.model.is_gradient_checkpointing
 
 
+def test_auto_asks_the_planner_whether_the_trainer_fits_without_it():
+    """On CUDA, train.gradient_checkpointing=auto is the planner's answer for the run on the GPU's memory: the same
+    choice the committed plans make (benchmarks/results/plan_*: on for SD3.5-L and FLUX.1 on an 80 GB H100, off on
+    a 180 GB B200); the shapes trainer fits anything."""
+    from solrl import plan
+    from solrl.config import get_preset
+
+    for preset in ("sd35l-sol-rl", "flux1-sol-rl"):
+        cfg = get_preset(preset)
+        assert not plan.trainer_fits_without_checkpointing(cfg, 80.0)
+        assert plan.trainer_fits_without_checkpointing(cfg, 180.0)
+    assert plan.trainer_fits_without_checkpointing(get_preset("shapes-sol-rl"), 24.0)
+
+
 def test_config_checks_the_new_settings():
     assert resolve("shapes-sol-rl").train.gradient_checkpointing == "auto"
     assert resolve("shapes-sol-rl").rollout.prompt_cache_entries == 1024
