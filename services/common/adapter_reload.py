@@ -43,7 +43,7 @@ from starlette.concurrency import run_in_threadpool
 from torch import Tensor, nn
 
 from services.common.args import DEFAULT_MAX_ADAPTER_BYTES
-from services.common.auth import bearer_token
+from services.common.auth import refusal
 from services.common.bodies import read_body
 from services.common.env import ENV_ADAPTER_TOKEN
 from services.common.errors import BodyTimeoutError, TooLargeError, UnavailableError
@@ -544,14 +544,14 @@ class AdapterEndpoint:
         cur = self.model.current()
         return {"version": cur.version, "sha256": cur.sha256}
 
-    def authorize(self, token: str | None) -> None:
+    def authorize(self, authorization: str | None) -> None:
+        """Refuse unless the Authorization value carries the token (services.common.auth.refusal)."""
         if self._token is None:
             raise AdapterRejected("disabled", f"adapter loading is disabled: the server has no token "
                                               f"(set {ENV_ADAPTER_TOKEN} where it starts)")
-        if token is None:
-            raise AdapterRejected("unauthenticated", "missing bearer token (Authorization: Bearer <token>)")
-        if not hmac.compare_digest(token.encode(), self._token):
-            raise AdapterRejected("unauthenticated", "invalid bearer token")
+        why = refusal(authorization, self._token)
+        if why is not None:
+            raise AdapterRejected("unauthenticated", why)
 
     def _count(self, outcome: str) -> None:
         if self._loads is not None:
@@ -560,7 +560,7 @@ class AdapterEndpoint:
     def load(self, authorization: str | None, data: bytes, version: int, sha256: str) -> LoadResult:
         """Authorize (the raw Authorization value) then HotSwapModel.load; outcomes are counted."""
         try:
-            self.authorize(bearer_token(authorization))
+            self.authorize(authorization)
             result = self.model.load(data, version=version, sha256=sha256, max_bytes=self.max_bytes)
         except AdapterRejected as exc:
             self._count(exc.reason)
@@ -597,7 +597,7 @@ class AdapterEndpoint:
         async def put_adapter(request: Request) -> dict[str, Any]:
             authorization = request.headers.get("authorization")
             try:
-                self.authorize(bearer_token(authorization))  # before reading a byte of the body
+                self.authorize(authorization)  # before reading a byte of the body
                 data = await self._read_body(request)
                 version = _header_int(request.headers.get(VERSION_HEADER), VERSION_HEADER)
                 sha256 = request.headers.get(SHA256_HEADER)

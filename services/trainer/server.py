@@ -302,10 +302,11 @@ def mount_current_adapter(app: FastAPI, pusher: AdapterPusher, token: str | None
     """GET /v1/adapter/current on the trainer's ops app: the last pushed adapter (safetensors body,
     X-Adapter-Version / X-Adapter-Sha256 headers; 204 before the first push), for a rollout service
     that starts or restarts mid-run to fetch itself. Same bearer token as the pushes."""
+    secret = token.encode() if token else b""   # encoded once, compared per call
 
     @app.get("/v1/adapter/current")
     def current_adapter(authorization: str | None = Header(default=None)) -> Response:
-        if not token or not authorized(authorization, token):
+        if not token or not authorized(authorization, secret):
             status = 403 if not token else 401
             return JSONResponse({"error": "unauthenticated" if token else "disabled",
                                  "detail": "Authorization: Bearer <SOLRL_ADAPTER_TOKEN> is required" if token
