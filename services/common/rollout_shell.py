@@ -190,11 +190,11 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
     plane = build_plane(model, lora, build_scorer(args.reward, args.reward_addr or None, token=data_token))
     plane.model_name, plane.base_precision, plane.model_path = args.model, args.base_precision, args.model_path or ""
     metrics = ServiceMetrics(role)
+    token = environ.get(ENV_ADAPTER_TOKEN) or None   # the pushes' and the fetcher's
     svc = start(plane, metrics, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
-                max_workers=args.max_workers, adapter_token=environ.get(ENV_ADAPTER_TOKEN) or None,
+                max_workers=args.max_workers, adapter_token=token,
                 max_adapter_bytes=args.max_adapter_bytes, max_request_bytes=args.max_request_bytes,
                 data_token=data_token)
-    token = environ.get(ENV_ADAPTER_TOKEN) or None
     if getattr(args, "trainer_url", ""):
         # before any job is taken: a pod that starts or restarts mid-run serves the run's current adapter
         plane.hot.fetcher = AdapterFetcher(args.trainer_url, token, plane.hot)
@@ -206,9 +206,9 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
         if getattr(args, "redis_url", "") else None
     if not svc.adapters.enabled:
         log.warning("%s is not set: adapter hot reload is refused (403)", ENV_ADAPTER_TOKEN)
+    info = plane.info()   # once: it sums the served weights
     banner = (f"solrl {role}: grpc {svc.grpc.address}, http {svc.http.host}:{svc.http.port}, "
-              f"model {plane.model_name} ({plane.hot.backend}) on {plane.info()['device']}, "
-              f"reward {plane.info()['reward']}")
+              f"model {plane.model_name} ({plane.hot.backend}) on {info['device']}, reward {info['reward']}")
     try:
         return serve_until_stopped(stop, banner, svc.stop, log)
     finally:
