@@ -159,6 +159,7 @@ class HotSwapModel:
         allow_tf32(self._device)   # the FP32 LoRA layers of the regenerator, on tensor cores (CUDA only)
         self._skeleton = meta_skeleton(base)   # the plain model's structure, no storage
         self._layouts: dict[LoraSpec, dict[str, tuple[int, ...]]] = {}
+        self._targets: dict[LoraSpec, tuple[str, ...]] = {}   # the layer names of each layout, in model order
         self._set_backend(precision, precision.backend)
         patterns = tuple(lora.target_modules) if lora is not None else tuple(targets)
         # merges start from them; an unmerged LoRA (the regenerator) needs none
@@ -251,35 +252,44 @@ class HotSwapModel:
             self._apply(*self._adapter)
 
     def _layout_for(self, spec: LoraSpec) -> dict[str, tuple[int, ...]]:
-        """Adapter key -> shape of `spec` on this model (cached per spec)."""
+        """Adapter key -> shape of `spec` on this model (cached per spec, with its targets: `_targets`)."""
         if spec not in self._layouts:
             layout = lora_layout(self._skeleton, spec)
-            missing = [n for n in lora_targets(self._skeleton, spec) if n not in self._originals]
+            targets = tuple(lora_targets(self._skeleton, spec))
+            missing = [n for n in targets if n not in self._originals]
             if missing and (self.merges or self.switchable):
                 raise ValueError(f"it targets {missing[:3]} ({len(missing)} layers) outside the targets whose "
                                  f"original weights this server keeps")
-            self._layouts[spec] = layout
+            self._layouts[spec], self._targets[spec] = layout, targets
         return self._layouts[spec]
+
+    def _targets_for(self, spec: LoraSpec) -> tuple[str, ...]:
+        """The layer names `spec` targets on this model (cached with its layout)."""
+        self._layout_for(spec)
+        return self._targets[spec]
 
     def _apply(self, state: Mapping[str, Tensor] | None, spec: LoraSpec | None) -> None:
         """Make the served model carry `state` (None: the base alone), in place. Runs inside `_exclusive`."""
         module = self._current.module
+        targets = self._targets_for(spec) if spec is not None else ()
         if self.merges:
-            names = list(lora_targets(self._skeleton, spec)) if spec is not None else []
             chunk: dict[str, Tensor] = {}
-            for name in (*names, *(n for n in self._merged if n not in names)):
+            chunk_bytes = 0   # of the chunk's weights in fp32
+            wanted = set(targets)
+            for name in (*targets, *(n for n in self._merged if n not in wanted)):
                 weight = self._originals[name]
-                if name in names:
+                if name in wanted:
                     keys = [f"{PREFIX}.{name}.lora_{p}.weight" for p in "AB"]
                     chunk[name] = merge_lora({name: weight}, {k: state[k] for k in keys}, spec)[name]
                 else:   # merged by the previous adapter, not by this one: back to the original
                     chunk[name] = weight
-                if sum(w.numel() * 4 for w in chunk.values()) >= self.CHUNK_BYTES:
+                chunk_bytes += weight.numel() * 4
+                if chunk_bytes >= self.CHUNK_BYTES:
                     self._backend.requantize(module, chunk)
-                    chunk = {}
+                    chunk, chunk_bytes = {}, 0
             if chunk:
                 self._backend.requantize(module, chunk)
-            self._merged = tuple(names)
+            self._merged = targets
             return
         if self._injected is not None and self._injected != spec:
             remove_lora(module)
@@ -294,7 +304,7 @@ class HotSwapModel:
             module.eval().requires_grad_(False)
             self._injected = spec
         with torch.no_grad():
-            for name in lora_targets(self._skeleton, spec):
+            for name in targets:
                 layer = module.get_submodule(name)
                 for part in ("lora_A", "lora_B"):
                     weight = getattr(layer, part)[self.ADAPTER].weight
