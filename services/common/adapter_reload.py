@@ -189,6 +189,8 @@ class HotSwapModel:
         self.precision, self.label = precision, label
         self._backend = build_backend(precision)
         self.merges = self._backend.quantizes
+        # its kernels keep process-global state (Transformer Engine): callers take turns on the device
+        self.global_state = self._backend.global_state
 
     def _prepare(self, module: nn.Module) -> nn.Module:
         """`module` (plain) through the backend, in place. An original the backend left shared with a served
