@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import torch
 
 from services.common.adapter_reload import (
@@ -32,7 +33,34 @@ from solrl.adapters import LoraSpec
 from solrl.config import REWARD_FRAMES, VIDEO_MODELS, ConfigError, resolve
 from solrl.models import available_models, load_model
 from solrl.models.base import T2IModel
+from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.precision import PrecisionConfig, build_backend
+
+
+class RolloutRPCs:
+    """The RPCs both rollout servicers share (common.v1): Info from the plane's info(), LoadAdapter through the
+    AdapterEndpoint. A servicer lists it before its generated base and sets `plane` and `adapters`."""
+
+    plane: Any
+    adapters: AdapterEndpoint
+
+    def Info(self, request: common_pb2.InfoRequest, context: grpc.ServicerContext) -> common_pb2.InfoResponse:
+        info = self.plane.info()
+        return common_pb2.InfoResponse(
+            model=info["model"], precision=info["precision"], reward=info["reward"],
+            base_precision=info["base_precision"], model_path=info["model_path"],
+            adapter_version=common_pb2.AdapterVersion(version=info["adapter_version"], sha256=info["adapter_sha256"]),
+            resident_weight_bytes=info["resident_weight_bytes"], available_precisions=info["available_precisions"],
+            frames=info.get("frames", 0), height=info.get("height", 0), width=info.get("width", 0),
+            reward_frames=info.get("reward_frames", ""), device=info["device"],
+            device_stand_in=info.get("device_stand_in", ""))
+
+    def LoadAdapter(self, request: common_pb2.LoadAdapterRequest,
+                    context: grpc.ServicerContext) -> common_pb2.LoadAdapterResponse:
+        result = self.adapters.grpc_load(context, request.safetensors, request.version, request.sha256)
+        return common_pb2.LoadAdapterResponse(
+            adapter_version=common_pb2.AdapterVersion(version=result.version, sha256=result.sha256),
+            swap_ms=result.swap_ms)
 
 
 @dataclass
