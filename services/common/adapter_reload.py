@@ -43,7 +43,7 @@ from starlette.concurrency import run_in_threadpool
 from torch import Tensor, nn
 
 from services.common.args import DEFAULT_MAX_ADAPTER_BYTES
-from services.common.auth import bearer_token
+from services.common.auth import refusal
 from services.common.bodies import read_body
 from services.common.env import ENV_ADAPTER_TOKEN
 from services.common.errors import BodyTimeoutError, TooLargeError, UnavailableError
@@ -159,6 +159,7 @@ class HotSwapModel:
         allow_tf32(self._device)   # the FP32 LoRA layers of the regenerator, on tensor cores (CUDA only)
         self._skeleton = meta_skeleton(base)   # the plain model's structure, no storage
         self._layouts: dict[LoraSpec, dict[str, tuple[int, ...]]] = {}
+        self._targets: dict[LoraSpec, tuple[str, ...]] = {}   # the layer names of each layout, in model order
         self._set_backend(precision, precision.backend)
         patterns = tuple(lora.target_modules) if lora is not None else tuple(targets)
         # merges start from them; an unmerged LoRA (the regenerator) needs none
@@ -188,6 +189,8 @@ class HotSwapModel:
         self.precision, self.label = precision, label
         self._backend = build_backend(precision)
         self.merges = self._backend.quantizes
+        # its kernels keep process-global state (Transformer Engine): callers take turns on the device
+        self.global_state = self._backend.global_state
 
     def _prepare(self, module: nn.Module) -> nn.Module:
         """`module` (plain) through the backend, in place. An original the backend left shared with a served
@@ -251,35 +254,44 @@ class HotSwapModel:
             self._apply(*self._adapter)
 
     def _layout_for(self, spec: LoraSpec) -> dict[str, tuple[int, ...]]:
-        """Adapter key -> shape of `spec` on this model (cached per spec)."""
+        """Adapter key -> shape of `spec` on this model (cached per spec, with its targets: `_targets`)."""
         if spec not in self._layouts:
             layout = lora_layout(self._skeleton, spec)
-            missing = [n for n in lora_targets(self._skeleton, spec) if n not in self._originals]
+            targets = tuple(lora_targets(self._skeleton, spec))
+            missing = [n for n in targets if n not in self._originals]
             if missing and (self.merges or self.switchable):
                 raise ValueError(f"it targets {missing[:3]} ({len(missing)} layers) outside the targets whose "
                                  f"original weights this server keeps")
-            self._layouts[spec] = layout
+            self._layouts[spec], self._targets[spec] = layout, targets
         return self._layouts[spec]
+
+    def _targets_for(self, spec: LoraSpec) -> tuple[str, ...]:
+        """The layer names `spec` targets on this model (cached with its layout)."""
+        self._layout_for(spec)
+        return self._targets[spec]
 
     def _apply(self, state: Mapping[str, Tensor] | None, spec: LoraSpec | None) -> None:
         """Make the served model carry `state` (None: the base alone), in place. Runs inside `_exclusive`."""
         module = self._current.module
+        targets = self._targets_for(spec) if spec is not None else ()
         if self.merges:
-            names = list(lora_targets(self._skeleton, spec)) if spec is not None else []
             chunk: dict[str, Tensor] = {}
-            for name in (*names, *(n for n in self._merged if n not in names)):
+            chunk_bytes = 0   # of the chunk's weights in fp32
+            wanted = set(targets)
+            for name in (*targets, *(n for n in self._merged if n not in wanted)):
                 weight = self._originals[name]
-                if name in names:
+                if name in wanted:
                     keys = [f"{PREFIX}.{name}.lora_{p}.weight" for p in "AB"]
                     chunk[name] = merge_lora({name: weight}, {k: state[k] for k in keys}, spec)[name]
                 else:   # merged by the previous adapter, not by this one: back to the original
                     chunk[name] = weight
-                if sum(w.numel() * 4 for w in chunk.values()) >= self.CHUNK_BYTES:
+                chunk_bytes += weight.numel() * 4
+                if chunk_bytes >= self.CHUNK_BYTES:
                     self._backend.requantize(module, chunk)
-                    chunk = {}
+                    chunk, chunk_bytes = {}, 0
             if chunk:
                 self._backend.requantize(module, chunk)
-            self._merged = tuple(names)
+            self._merged = targets
             return
         if self._injected is not None and self._injected != spec:
             remove_lora(module)
@@ -294,7 +306,7 @@ class HotSwapModel:
             module.eval().requires_grad_(False)
             self._injected = spec
         with torch.no_grad():
-            for name in lora_targets(self._skeleton, spec):
+            for name in targets:
                 layer = module.get_submodule(name)
                 for part in ("lora_A", "lora_B"):
                     weight = getattr(layer, part)[self.ADAPTER].weight
@@ -544,14 +556,14 @@ class AdapterEndpoint:
         cur = self.model.current()
         return {"version": cur.version, "sha256": cur.sha256}
 
-    def authorize(self, token: str | None) -> None:
+    def authorize(self, authorization: str | None) -> None:
+        """Refuse unless the Authorization value carries the token (services.common.auth.refusal)."""
         if self._token is None:
             raise AdapterRejected("disabled", f"adapter loading is disabled: the server has no token "
                                               f"(set {ENV_ADAPTER_TOKEN} where it starts)")
-        if token is None:
-            raise AdapterRejected("unauthenticated", "missing bearer token (Authorization: Bearer <token>)")
-        if not hmac.compare_digest(token.encode(), self._token):
-            raise AdapterRejected("unauthenticated", "invalid bearer token")
+        why = refusal(authorization, self._token)
+        if why is not None:
+            raise AdapterRejected("unauthenticated", why)
 
     def _count(self, outcome: str) -> None:
         if self._loads is not None:
@@ -560,7 +572,7 @@ class AdapterEndpoint:
     def load(self, authorization: str | None, data: bytes, version: int, sha256: str) -> LoadResult:
         """Authorize (the raw Authorization value) then HotSwapModel.load; outcomes are counted."""
         try:
-            self.authorize(bearer_token(authorization))
+            self.authorize(authorization)
             result = self.model.load(data, version=version, sha256=sha256, max_bytes=self.max_bytes)
         except AdapterRejected as exc:
             self._count(exc.reason)
@@ -597,7 +609,7 @@ class AdapterEndpoint:
         async def put_adapter(request: Request) -> dict[str, Any]:
             authorization = request.headers.get("authorization")
             try:
-                self.authorize(bearer_token(authorization))  # before reading a byte of the body
+                self.authorize(authorization)  # before reading a byte of the body
                 data = await self._read_body(request)
                 version = _header_int(request.headers.get(VERSION_HEADER), VERSION_HEADER)
                 sha256 = request.headers.get(SHA256_HEADER)

@@ -50,15 +50,24 @@ def bearer_token(value: str | None) -> str | None:
     return token.strip() or None
 
 
-def authorized(authorization: str | None, token: str) -> bool:
-    """Whether the Authorization value carries `token` (constant-time comparison)."""
+def refusal(authorization: str | None, token: bytes) -> str | None:
+    """Why the Authorization value does not carry `token` (compared in constant time); None when it does."""
     given = bearer_token(authorization)
-    return given is not None and hmac.compare_digest(given.encode(), token.encode())
+    if given is None:
+        return "missing bearer token (Authorization: Bearer <token>)"
+    return None if hmac.compare_digest(given.encode(), token) else "invalid bearer token"
 
 
-def _refusal(authorization: str | None) -> str:
-    return "missing bearer token (Authorization: Bearer <token>)" if bearer_token(authorization) is None \
-        else "invalid bearer token"
+def authorized(authorization: str | None, token: bytes) -> bool:
+    """Whether the Authorization value carries `token` (constant-time comparison)."""
+    return refusal(authorization, token) is None
+
+
+def _secret(token: str) -> bytes:
+    """A server's token, checked and encoded once for the comparisons of every call."""
+    if not isinstance(token, str) or not token:
+        raise ValueError("token must be a non-empty str")
+    return token.encode()
 
 
 _HANDLERS = {"unary_unary": grpc.unary_unary_rpc_method_handler, "unary_stream": grpc.unary_stream_rpc_method_handler,
@@ -70,9 +79,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
     """UNAUTHENTICATED for any call without the token, but those of OPEN_GRPC (and LoadAdapter)."""
 
     def __init__(self, token: str) -> None:
-        if not isinstance(token, str) or not token:
-            raise ValueError("token must be a non-empty str")
-        self._token = token
+        self._token = _secret(token)
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(handler_call_details)
@@ -81,9 +88,9 @@ class TokenInterceptor(grpc.ServerInterceptor):
             return handler
         authorization = next((v for k, v in handler_call_details.invocation_metadata or ()
                               if k == "authorization" and isinstance(v, str)), None)
-        if authorized(authorization, self._token):
+        why = refusal(authorization, self._token)
+        if why is None:
             return handler
-        why = _refusal(authorization)
 
         def refuse(request: Any, context: grpc.ServicerContext) -> Any:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
@@ -97,16 +104,15 @@ class TokenMiddleware:
     without the token, before the route reads a byte of its body."""
 
     def __init__(self, app: ASGIApp, token: str, prefix: str = "/v2", open_prefix: str = "/v2/health/") -> None:
-        if not isinstance(token, str) or not token:
-            raise ValueError("token must be a non-empty str")
-        self.app, self._token, self.prefix, self.open_prefix = app, token, prefix, open_prefix
+        self.app, self._token, self.prefix, self.open_prefix = app, _secret(token), prefix, open_prefix
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
         if path.startswith(self.prefix) and not path.startswith(self.open_prefix):
             authorization = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), None)
-            if not authorized(authorization, self._token):
-                response = JSONResponse({"error": _refusal(authorization)}, status_code=401,
+            why = refusal(authorization, self._token)
+            if why is not None:
+                response = JSONResponse({"error": why}, status_code=401,
                                         headers={"WWW-Authenticate": "Bearer"})
                 await response(scope, receive, send)
                 return

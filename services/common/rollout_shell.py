@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import torch
 
 from services.common.adapter_reload import (
@@ -32,7 +33,34 @@ from solrl.adapters import LoraSpec
 from solrl.config import REWARD_FRAMES, VIDEO_MODELS, ConfigError, resolve
 from solrl.models import available_models, load_model
 from solrl.models.base import T2IModel
+from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.precision import PrecisionConfig, build_backend
+
+
+class RolloutRPCs:
+    """The RPCs both rollout servicers share (common.v1): Info from the plane's info(), LoadAdapter through the
+    AdapterEndpoint. A servicer lists it before its generated base and sets `plane` and `adapters`."""
+
+    plane: Any
+    adapters: AdapterEndpoint
+
+    def Info(self, request: common_pb2.InfoRequest, context: grpc.ServicerContext) -> common_pb2.InfoResponse:
+        info = self.plane.info()
+        return common_pb2.InfoResponse(
+            model=info["model"], precision=info["precision"], reward=info["reward"],
+            base_precision=info["base_precision"], model_path=info["model_path"],
+            adapter_version=common_pb2.AdapterVersion(version=info["adapter_version"], sha256=info["adapter_sha256"]),
+            resident_weight_bytes=info["resident_weight_bytes"], available_precisions=info["available_precisions"],
+            frames=info.get("frames", 0), height=info.get("height", 0), width=info.get("width", 0),
+            reward_frames=info.get("reward_frames", ""), device=info["device"],
+            device_stand_in=info.get("device_stand_in", ""))
+
+    def LoadAdapter(self, request: common_pb2.LoadAdapterRequest,
+                    context: grpc.ServicerContext) -> common_pb2.LoadAdapterResponse:
+        result = self.adapters.grpc_load(context, request.safetensors, request.version, request.sha256)
+        return common_pb2.LoadAdapterResponse(
+            adapter_version=common_pb2.AdapterVersion(version=result.version, sha256=result.sha256),
+            swap_ms=result.swap_ms)
 
 
 @dataclass
@@ -193,11 +221,11 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
     plane = build_plane(model, lora, build_scorer(args.reward, args.reward_addr or None, token=data_token))
     plane.model_name, plane.base_precision, plane.model_path = args.model, args.base_precision, args.model_path or ""
     metrics = ServiceMetrics(role)
+    token = environ.get(ENV_ADAPTER_TOKEN) or None   # the pushes' and the fetcher's
     svc = start(plane, metrics, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
-                max_workers=args.max_workers, adapter_token=environ.get(ENV_ADAPTER_TOKEN) or None,
+                max_workers=args.max_workers, adapter_token=token,
                 max_adapter_bytes=args.max_adapter_bytes, max_request_bytes=args.max_request_bytes,
                 data_token=data_token)
-    token = environ.get(ENV_ADAPTER_TOKEN) or None
     if getattr(args, "trainer_url", ""):
         # before any job is taken: a pod that starts or restarts mid-run serves the run's current adapter
         plane.hot.fetcher = AdapterFetcher(args.trainer_url, token, plane.hot)
@@ -209,9 +237,9 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
         if getattr(args, "redis_url", "") else None
     if not svc.adapters.enabled:
         log.warning("%s is not set: adapter hot reload is refused (403)", ENV_ADAPTER_TOKEN)
+    info = plane.info()   # once: it sums the served weights
     banner = (f"solrl {role}: grpc {svc.grpc.address}, http {svc.http.host}:{svc.http.port}, "
-              f"model {plane.model_name} ({plane.hot.backend}) on {plane.info()['device']}, "
-              f"reward {plane.info()['reward']}")
+              f"model {plane.model_name} ({plane.hot.backend}) on {info['device']}, reward {info['reward']}")
     try:
         return serve_until_stopped(stop, banner, svc.stop, log)
     finally:

@@ -37,7 +37,6 @@ from solrl.adapters import LoraSpec
 from solrl.algo.selection import SELECTION_MODES
 from solrl.models.base import T2IModel
 from solrl.precision import PrecisionConfig
-from solrl.precision.base import BACKENDS
 from solrl.rewards import Scorer
 from solrl.rollout import SamplerSpec, explore
 from solrl.sampling.noise import SEED_LIMIT
@@ -115,8 +114,7 @@ class ExplorerDataPlane(RolloutPlane):
 
     def serialised(self) -> bool:
         """Whether the backend served now keeps process-global state (its calls then hold `device_lock`)."""
-        cls = BACKENDS.get(self.hot.backend)
-        return bool(cls is not None and cls.global_state)
+        return self.hot.global_state
 
     def defaults(self) -> dict[str, Any]:
         return {**super().defaults(), "kept": self.kept, "selection": self.selection}

@@ -37,7 +37,7 @@ from services.common.grpc_server import (
 )
 from services.common.lifecycle import run_main
 from services.common.metrics import ServiceMetrics
-from services.common.rollout_shell import RolloutService, run_rollout_role, serve
+from services.common.rollout_shell import RolloutRPCs, RolloutService, run_rollout_role, serve
 from services.explorer.args import (  # noqa: F401 (the options live there, light; re-exported here)
     DEFAULT_GRPC_PORT,
     DEFAULT_HTTP_PORT,
@@ -58,7 +58,7 @@ from solrl.precision import PrecisionConfig
 SERVER_NAME = "solrl-explorer"
 
 
-class ExplorerServicer(explorer_pb2_grpc.ExplorerServicer):
+class ExplorerServicer(RolloutRPCs, explorer_pb2_grpc.ExplorerServicer):
     """solrl.explorer.v1.Explorer over the data plane."""
 
     def __init__(self, plane: ExplorerDataPlane, adapters: AdapterEndpoint) -> None:
@@ -81,24 +81,6 @@ class ExplorerServicer(explorer_pb2_grpc.ExplorerServicer):
             sampler=common_pb2.SamplerSpec(solver=sampler.solver, steps=job.sampler.steps, shift=sampler.shift,
                                            guidance=sampler.guidance), proxy=out.proxy)
         return explorer_pb2.ExploreResponse(selection=selection)
-
-    def Info(self, request: common_pb2.InfoRequest, context: grpc.ServicerContext) -> common_pb2.InfoResponse:
-        info = self.plane.info()
-        return common_pb2.InfoResponse(
-            model=info["model"], precision=info["precision"], reward=info["reward"],
-            base_precision=info["base_precision"], model_path=info["model_path"],
-            adapter_version=common_pb2.AdapterVersion(version=info["adapter_version"], sha256=info["adapter_sha256"]),
-            resident_weight_bytes=info["resident_weight_bytes"],
-            available_precisions=info["available_precisions"], frames=info.get("frames", 0),
-            height=info.get("height", 0), width=info.get("width", 0), reward_frames=info.get("reward_frames", ""),
-            device=info["device"], device_stand_in=info.get("device_stand_in", ""))
-
-    def LoadAdapter(self, request: common_pb2.LoadAdapterRequest,
-                    context: grpc.ServicerContext) -> common_pb2.LoadAdapterResponse:
-        result = self.adapters.grpc_load(context, request.safetensors, request.version, request.sha256)
-        return common_pb2.LoadAdapterResponse(
-            adapter_version=common_pb2.AdapterVersion(version=result.version, sha256=result.sha256),
-            swap_ms=result.swap_ms)
 
 
 def explorer_inference(plane: ExplorerDataPlane,

@@ -200,21 +200,19 @@ MAX_JSON_BYTES = 16 << 20
 async def _body(request: Request, max_bytes: int) -> tuple[dict[str, Any], bytes]:
     """The JSON header and binary tail of an infer body, bounded before reading (services.common.bodies)."""
     length = request.headers.get(HEADER_LENGTH)
-    if length is not None and not length.isdigit():
-        raise ValueError(f"{HEADER_LENGTH}: {length!r} is not a length")
-    if length is not None and int(length) > MAX_JSON_BYTES:
-        raise TooLargeError(f"{HEADER_LENGTH}: {length} bytes of JSON, over the limit of {MAX_JSON_BYTES}")
+    if length is not None:
+        if not length.isdigit():
+            raise ValueError(f"{HEADER_LENGTH}: {length!r} is not a length")
+        if int(length) > MAX_JSON_BYTES:
+            raise TooLargeError(f"{HEADER_LENGTH}: {length} bytes of JSON, over the limit of {MAX_JSON_BYTES}")
     data = await read_body(request, max_bytes, decode=True)
-    if length is None:
-        head, tail = data, b""
-    elif int(length) > len(data):
+    split = len(data) if length is None else int(length)   # the JSON part ends there
+    if split > len(data):
         raise ValueError(f"{HEADER_LENGTH}: {length} is not a length within the {len(data)}-byte body")
-    else:
-        head, tail = data[:int(length)], data[int(length):]
-    if len(head) > MAX_JSON_BYTES:
-        raise TooLargeError(f"request body: {len(head)} bytes of JSON, over the limit of {MAX_JSON_BYTES} "
+    if split > MAX_JSON_BYTES:   # a body without the binary extension: all of it is JSON
+        raise TooLargeError(f"request body: {split} bytes of JSON, over the limit of {MAX_JSON_BYTES} "
                             f"(send tensors with the binary extension, {HEADER_LENGTH})")
-    return parse_json(head), tail
+    return parse_json(data[:split]), data[split:]
 
 
 # ---------------------------------------------------------------------- routes

@@ -31,7 +31,7 @@ from services.common.grpc_server import (
 from services.common.lifecycle import run_main
 from services.common.metrics import ServiceMetrics
 from services.common.rollout_plane import resolve_sampler, sde_rollout_fields
-from services.common.rollout_shell import RolloutService, run_rollout_role, serve
+from services.common.rollout_shell import RolloutRPCs, RolloutService, run_rollout_role, serve
 from services.common.tensors import numpy_to_tensor, torch_to_tensor
 from services.regenerator.args import (  # noqa: F401 (the options live there, light; re-exported here)
     DEFAULT_GRPC_PORT,
@@ -47,7 +47,7 @@ FIELDS = {"prompt": "selection.prompt", "seeds": "selection.seeds", "steps": "se
           "min_version": "selection.adapter_version.version"}
 
 
-class RegeneratorServicer(regenerator_pb2_grpc.RegeneratorServicer):
+class RegeneratorServicer(RolloutRPCs, regenerator_pb2_grpc.RegeneratorServicer):
     """solrl.regenerator.v1.Regenerator over the data plane."""
 
     def __init__(self, plane: RegeneratorDataPlane, adapters: AdapterEndpoint) -> None:
@@ -80,25 +80,6 @@ class RegeneratorServicer(regenerator_pb2_grpc.RegeneratorServicer):
         if request.return_images:
             response.images.CopyFrom(numpy_to_tensor(out.images))
         return response
-
-    def Info(self, request: common_pb2.InfoRequest,
-             context: grpc.ServicerContext) -> common_pb2.InfoResponse:
-        info = self.plane.info()
-        return common_pb2.InfoResponse(
-            model=info["model"], precision=info["precision"], reward=info["reward"],
-            base_precision=info["base_precision"], model_path=info["model_path"],
-            adapter_version=common_pb2.AdapterVersion(version=info["adapter_version"], sha256=info["adapter_sha256"]),
-            resident_weight_bytes=info["resident_weight_bytes"], available_precisions=info["available_precisions"],
-            frames=info.get("frames", 0), height=info.get("height", 0), width=info.get("width", 0),
-            reward_frames=info.get("reward_frames", ""), device=info["device"],
-            device_stand_in=info.get("device_stand_in", ""))
-
-    def LoadAdapter(self, request: common_pb2.LoadAdapterRequest,
-                    context: grpc.ServicerContext) -> common_pb2.LoadAdapterResponse:
-        result = self.adapters.grpc_load(context, request.safetensors, request.version, request.sha256)
-        return common_pb2.LoadAdapterResponse(
-            adapter_version=common_pb2.AdapterVersion(version=result.version, sha256=result.sha256),
-            swap_ms=result.swap_ms)
 
 
 def build_server(plane: RegeneratorDataPlane, adapters: AdapterEndpoint, *, host: str = "127.0.0.1", port: int = 0,

@@ -302,10 +302,11 @@ def mount_current_adapter(app: FastAPI, pusher: AdapterPusher, token: str | None
     """GET /v1/adapter/current on the trainer's ops app: the last pushed adapter (safetensors body,
     X-Adapter-Version / X-Adapter-Sha256 headers; 204 before the first push), for a rollout service
     that starts or restarts mid-run to fetch itself. Same bearer token as the pushes."""
+    secret = token.encode() if token else b""   # encoded once, compared per call
 
     @app.get("/v1/adapter/current")
     def current_adapter(authorization: str | None = Header(default=None)) -> Response:
-        if not token or not authorized(authorization, token):
+        if not token or not authorized(authorization, secret):
             status = 403 if not token else 401
             return JSONResponse({"error": "unauthenticated" if token else "disabled",
                                  "detail": "Authorization: Bearer <SOLRL_ADAPTER_TOKEN> is required" if token
@@ -419,13 +420,15 @@ def serve(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, resume: bool,
     server = build_grpc_server([GrpcService(service_name(trainer_pb2, "Trainer"),
                                             trainer_pb2_grpc.add_TrainerServicer_to_server, servicer)],
                                host=args.host, port=args.grpc_port, metrics=metrics)
+    device = run_device(cfg)
+    device_fields = device_info(device)   # fixed for the run: resolved once, not per /v1/info
 
     def info() -> dict[str, Any]:
         st = servicer.remote.status if servicer.remote else None
         return {"service": "trainer", "version": solrl.__version__, "run_id": run_id, "run_dir": str(run_dir),
                 "grpc_port": server.port, "state": servicer.state(), "epochs": cfg.epochs, "trainer_ranks": ranks.world,
                 "epoch": st.epoch if st else 0, "error": st.error if st else "", "history": st.history if st else [],
-                **device_info(run_device(cfg))}
+                **device_fields}
 
     app = create_ops_app(metrics=metrics, ready=lambda: not stop.is_set(), info=info)
     mount_current_adapter(app, pusher, token)
@@ -464,7 +467,7 @@ def serve(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, resume: bool,
         server.start()
         http.start()
         print(f"solrl trainer: grpc {server.address}, http {http.host}:{http.port}, run {run_id} -> {run_dir}, "
-              f"{cfg.epochs} epochs, model on {run_device(cfg) or 'its default device'}"
+              f"{cfg.epochs} epochs, model on {device or 'its default device'}"
               + (f", {ranks.world} data-parallel ranks" if ranks.parallel else ""), flush=True)
         # a daemon thread: on a signal the process exits without waiting for the epoch in progress
         threading.Thread(target=drive, name="driver", daemon=True).start()
