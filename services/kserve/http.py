@@ -44,7 +44,7 @@ from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, 
 
 from services.common.auth import TokenMiddleware
 from services.common.bodies import parse_json, read_body
-from services.common.errors import TooLargeError, message_for, status_for
+from services.common.errors import BodyTimeoutError, TooLargeError, message_for, status_for
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 INDEX_BODY_BYTES = 64 << 10   # a repository index request is {"ready": true}
@@ -53,7 +53,11 @@ HTTP_STATUS = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "UNAVAILABLE": 503, "U
 
 
 def _error(exc: BaseException) -> JSONResponse:
-    return JSONResponse({"error": message_for(exc)}, status_code=HTTP_STATUS.get(status_for(exc).name, 500))
+    # a body cut off at its deadline leaves unread bytes on the connection: close it rather than read them as the
+    # next request (uvicorn closes the connection after a response that says so)
+    headers = {"Connection": "close"} if isinstance(exc, BodyTimeoutError) else None
+    return JSONResponse({"error": message_for(exc)}, status_code=HTTP_STATUS.get(status_for(exc).name, 500),
+                        headers=headers)
 
 
 def _dict(message: Any, *, defaults: bool = False) -> dict[str, Any]:

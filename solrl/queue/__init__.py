@@ -1,6 +1,8 @@
 """The work queue between roles: Redis Streams (services, cluster) or an in-memory twin (embedded).
 
-This package is the only part of `solrl` that imports redis. Payloads are opaque bytes (serialized
+This package is the only part of `solrl` that imports redis, and only when a Redis queue is built or
+`RedisStreamQueue` is asked for: a process that merely reads the queue's settings (`QueueConfig`, e.g. the
+reward service in its own hpsv3 environment, which has no redis) imports no redis client. Payloads are opaque bytes (serialized
 protobuf messages); see `solrl.queue.base` for the semantics both implementations share.
 """
 
@@ -18,7 +20,6 @@ from solrl.queue.base import (
     redact_url,
 )
 from solrl.queue.memory import InMemoryQueue
-from solrl.queue.redis_streams import RedisStreamQueue
 from solrl.queue.signing import RejectHook, SignedQueue, check_signing_key, message_tag
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -39,6 +40,8 @@ def build_queue(url: str | None, cfg: QueueConfig = QueueConfig(), *, password: 
             raise ValueError("password is for a redis URL; the in-memory queue has none")
         queue: Queue = InMemoryQueue(cfg)
     elif isinstance(url, str) and url.startswith(_REDIS_SCHEMES):
+        from solrl.queue.redis_streams import RedisStreamQueue
+
         queue = RedisStreamQueue(url, cfg, password=password)
     else:
         raise ValueError(f"url must be None, 'memory://' or a redis URL ({', '.join(_REDIS_SCHEMES)}...), "
@@ -46,6 +49,15 @@ def build_queue(url: str | None, cfg: QueueConfig = QueueConfig(), *, password: 
     if signing_key is None:
         return queue
     return SignedQueue(queue, signing_key, cfg.namespace, on_reject)
+
+
+def __getattr__(name: str):
+    # RedisStreamQueue on first use (PEP 562), so that importing this package needs no redis client
+    if name == "RedisStreamQueue":
+        from solrl.queue.redis_streams import RedisStreamQueue
+
+        return RedisStreamQueue
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
