@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 from tqdm import tqdm
 
 from solrl import ddp
@@ -248,7 +249,8 @@ class Session:
         """Push the "old" adapter to the inference copies (merge + requantize)."""
         t0 = time.perf_counter()
         if self.explorer is not None:
-            self.explorer.sync(self.adapters.merged_weights("old"), self.rollout_version())
+            with record_function("solrl.sync"):
+                self.explorer.sync(self.adapters.merged_weights("old"), self.rollout_version())
         return time.perf_counter() - t0
 
     def epoch(self, epoch: int, on_stage=lambda stage: None) -> dict[str, Any]:
@@ -267,7 +269,8 @@ class Session:
             ddp.share_batch(self.trainer.ranks, epoch, tgen, data_x0, data_r, group, data_p)
         batch = Batch(data_x0, self.cache(data_p), np.asarray(data_r, dtype=np.float32), group, data_traj, data_lp)
         self.keep_rollout_adapter()
-        rec.update(self.trainer.update(batch, tgen))
+        with record_function("solrl.train"):
+            rec.update(self.trainer.update(batch, tgen))
         self.version += 1
         rec["time_train_s"] = time.perf_counter() - t0
         rec["time_epoch_s"] = rec["time_sync_s"] + rec["time_explore_s"] + rec["time_regenerate_s"] + rec["time_train_s"]
@@ -294,8 +297,9 @@ class Session:
             steps = self.explore_steps()
             if self.proxy is not None:
                 rec["explore.proxy"] = self.proxy.current  # the candidate this epoch explores with
-            ex = explore(self.model, self.explorer.module, prompts, seeds, steps, self.sampler, self.scorer,
-                         r.kept, r.selection, tgen, mb, self.cache)
+            with record_function("solrl.explore"):
+                ex = explore(self.model, self.explorer.module, prompts, seeds, steps, self.sampler, self.scorer,
+                             r.kept, r.selection, tgen, mb, self.cache)
             rec.update({"explore.reward_mean": float(ex.scores.mean()), "explore.reward_std": float(ex.scores.std()),
                         "forwards_explore": ex.forwards})
         rec["time_explore_s"] = time.perf_counter() - t0
@@ -311,7 +315,7 @@ class Session:
             rec["forwards_regenerate"] = 0
         else:
             regen_seeds = ex.kept_seeds() if ex is not None else seeds
-            with self.adapters.use("old"):
+            with self.adapters.use("old"), record_function("solrl.regenerate"):
                 rg = regenerate(self.model, self.model.transformer, prompts, regen_seeds, r.steps,
                                 self.rollout_sampler(), self.scorer, mb, self.cache)
             rec["forwards_regenerate"] = rg.forwards

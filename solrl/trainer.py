@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from solrl import ddp
 from solrl.adapters import LoraAdapters
@@ -215,26 +216,28 @@ class NFTTrainer:
                 tb = t.view(-1, *([1] * (x0.ndim - 1)))  # [N, 1, 1, 1], or [N, 1, 1, 1, 1] for video latents
                 xt = (1 - tb) * x0 + tb * noise
                 with torch.no_grad():
-                    with self.adapters.use("old"):
+                    with self.adapters.use("old"), record_function("solrl.train.forward_old"):
                         v_old = self.model.velocity(self.model.transformer, xt, t, cond)
+                    v_ref = None  # kl_beta 0: no KL term, so no reference forward
                     if cfg.kl_beta > 0:
-                        with self.adapters.disabled():
+                        with self.adapters.disabled(), record_function("solrl.train.forward_ref"):
                             v_ref = self.model.velocity(self.model.transformer, xt, t, cond)
-                    else:
-                        v_ref = v_old
                 # data-parallel: DDP's forward decides whether this backward all-reduces (the step's last one)
-                with self.adapters.use("default"), ddp.grad_sync(self.ddp, last=i == n_fwd - 1):
+                with (self.adapters.use("default"), ddp.grad_sync(self.ddp, last=i == n_fwd - 1),
+                      record_function("solrl.train.forward")):
                     v = (self.ddp(xt, t, cond) if self.ddp is not None
                          else self.model.velocity(self.model.transformer, xt, t, cond))
-                loss, stats = nft_loss(x0, xt, t, v, v_old, v_ref, a, self.nft)
+                    loss, stats = nft_loss(x0, xt, t, v, v_old, v_ref, a, self.nft)
                 # each forward's mean loss weighted by its rows: the step's gradient is the mean over its
                 # samples and timesteps, however the rows are cut
-                (loss * (len(idx) / denom)).backward()
+                with record_function("solrl.train.backward"):
+                    (loss * (len(idx) / denom)).backward()
                 for k, val in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(val) * len(idx)
                 rows_seen += len(idx)
                 forwards += 1
-            grad_norms.append(self.optimizer_step())
+            with record_function("solrl.train.optimizer"):
+                grad_norms.append(self.optimizer_step())
         lerp_params_(self.adapters.parameters("old"), self.params, self.old_decay(self.global_step))
         if self.ranks.parallel:  # the metrics over every rank's rows, as one process reports them
             sums, rows_seen, forwards = ddp.sum_stats(sums, rows_seen, forwards)

@@ -63,6 +63,15 @@ def test_nft_loss_by_hand_beta_half():
     assert loss.item() == pytest.approx(policy + 1e-4 * 0.13, rel=1e-6)
     assert stats["policy"] == pytest.approx(policy, rel=1e-6)
 
+    # without the KL term (kl_beta 0) no reference velocity is needed: v_ref None gives the policy alone, bit for bit
+    # what kl_beta 0 with a reference gives, and names no KL in its stats
+    args = (col(1, -1), col(0.5, 0.5), torch.tensor([0.5]), col(0.2, -0.4), col(0.1, -0.2))
+    no_ref, no_ref_stats = nft_loss(*args, None, torch.tensor([2.5]), NFTConfig(beta=0.5, kl_beta=0.0))
+    with_ref, _ = nft_loss(*args, col(0.1, 0.1), torch.tensor([2.5]), NFTConfig(beta=0.5, kl_beta=0.0))
+    assert no_ref.item() == with_ref.item() == pytest.approx(policy, rel=1e-6) and "kl" not in no_ref_stats
+    with pytest.raises(ValueError, match="v_ref is None but kl_beta"):
+        nft_loss(*args, None, torch.tensor([2.5]), NFTConfig(beta=0.5))
+
 
 def test_nft_loss_batch_clips_advantages_and_floors_the_weight():
     # sample 0: A = 7 -> clipped to 5 -> r = 1, only the positive branch counts.

@@ -56,14 +56,15 @@ def nft_loss(
     t_B: Tensor,
     v: Tensor,
     v_old: Tensor,
-    v_ref: Tensor,
+    v_ref: Tensor | None,
     advantages_B: Tensor,
     cfg: NFTConfig = NFTConfig(),
 ) -> tuple[Tensor, dict[str, float]]:
     """DiffusionNFT loss for one timestep of a micro-batch; returns (scalar loss, stats).
 
     x0: clean rollout latents; x_t = (1 - t) x0 + t noise; v: trainable velocity; v_old / v_ref:
-    the old-adapter and adapter-free velocities (used as constants). r = clamp(clamp(A)/M/2 + 1/2, 0, 1),
+    the old-adapter and adapter-free velocities (used as constants); v_ref None: no KL term, and no reference
+    forward needed (cfg.kl_beta must be 0; the stats then carry no "kl"). r = clamp(clamp(A)/M/2 + 1/2, 0, 1),
     v+ = beta v + (1 - beta) v_old, v- = (1 + beta) v_old - beta v, each compared in x0 space with an
     adaptive weight; loss = M * mean((r L+ + (1 - r) L-) / beta) + kl_beta * mean((v - v_ref)^2).
     A non-finite loss becomes an exact zero that is still connected to v (backward gives zero grads,
@@ -72,7 +73,10 @@ def nft_loss(
     """
     if not isinstance(cfg, NFTConfig):
         raise TypeError(f"cfg must be an NFTConfig, got {type(cfg).__name__}")
-    for name, tensor in (("x0", x0), ("x_t", x_t), ("v", v), ("v_old", v_old), ("v_ref", v_ref)):
+    if v_ref is None and cfg.kl_beta > 0:
+        raise ValueError(f"v_ref is None but kl_beta={cfg.kl_beta}: the KL term needs the reference velocity")
+    tensors = (("x0", x0), ("x_t", x_t), ("v", v), ("v_old", v_old)) + ((("v_ref", v_ref),) if v_ref is not None else ())
+    for name, tensor in tensors:
         if not isinstance(tensor, Tensor):
             raise TypeError(f"{name} must be a Tensor, got {type(tensor).__name__}")
         if tensor.shape != x0.shape:
@@ -88,7 +92,7 @@ def nft_loss(
     dims = tuple(range(1, x0.ndim))
     beta, clip = cfg.beta, cfg.adv_clip_max
     t = t_B.reshape(-1, *([1] * (x0.ndim - 1)))
-    v_old, v_ref = v_old.detach(), v_ref.detach()
+    v_old = v_old.detach()
     advantages = advantages_B.detach()
     adv_clipped = advantages.clamp(-clip, clip)
     r = (adv_clipped / clip / 2.0 + 0.5).clamp(0.0, 1.0)
@@ -97,19 +101,20 @@ def nft_loss(
     negative_loss = _branch_loss((1.0 + beta) * v_old - beta * v, x0, x_t, t, dims)
     per_sample = r * positive_loss / beta + (1.0 - r) * negative_loss / beta
     policy = (per_sample * clip).mean()
-    kl = ((v - v_ref) ** 2).mean(dim=dims).mean()
-    loss = policy + cfg.kl_beta * kl
+    kl = ((v - v_ref.detach()) ** 2).mean(dim=dims).mean() if v_ref is not None else None
+    loss = policy + cfg.kl_beta * kl if kl is not None else policy
     finite = bool(torch.isfinite(loss))
     if not finite:
         loss = v.reshape(-1)[:0].sum().to(loss.dtype)  # exact zero, grad_fn into v, zero grads
     stats = {
         "policy": float(policy.detach()),
-        "kl": float(kl.detach()),
         "loss": float(loss.detach()),
         "adv_clip_frac": float((advantages.abs() > clip).double().mean()),
         "r_mean": float(r.double().mean()),
         "nonfinite": 0.0 if finite else 1.0,
     }
+    if kl is not None:
+        stats["kl"] = float(kl.detach())
     return loss, stats
 
 

@@ -21,6 +21,7 @@ BENCHES: dict[str, str] = {
     "cli": "seconds to answer `solrl --help` and each subcommand's --help, against importing torch",
     "pretrain_sweep": "shapes base pretraining variants x seeds, tracked with the headroom CFG shows (choose a base)",
     "relations": "whether a shapes model reads the relation word: order, pixel change and pairs right both ways when it flips",
+    "profile": "where an epoch's time goes: phases, the loop's and the trainer's marked regions, the top operators",
     "sensitivity": "image error of the low-precision explorer per block and per layer kind (one part quantized at a time)",
 }
 
