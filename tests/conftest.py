@@ -3,9 +3,10 @@ import os
 import pytest
 import torch
 
-# Two cores are shared by the test process and nothing else: one BLAS/OpenMP thread avoids
-# oversubscription when the suite spawns processes.
-torch.set_num_threads(int(os.environ.get("SOLRL_TEST_THREADS", "2")))
+# Two cores are shared by the test processes and the services they start: a pytest-xdist worker
+# (make test runs several) takes one torch thread, so the workers do not oversubscribe the cores; a lone
+# pytest takes two.
+torch.set_num_threads(int(os.environ.get("SOLRL_TEST_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")))
 
 
 def pytest_configure(config):
