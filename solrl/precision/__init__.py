@@ -23,6 +23,7 @@ _WHERE = {
     "FP8E4M3EmuBackend": "emulated_te", "FP8E5M2EmuBackend": "emulated_te", "FP8EmuLinear": "emulated_te",
     "NVFP4TEEmuBackend": "emulated_te", "NVFP4TEEmuLinear": "emulated_te",
     "Bf16Backend": "reference", "Fp32Backend": "reference",
+    "FP8TorchaoBackend": "torchao_fp8", "FP8TorchaoLinear": "torchao_fp8",
     "FP8TEBackend": "transformer_engine", "NVFP4TEBackend": "transformer_engine",
     "TransformerEngineBackend": "transformer_engine",
 }

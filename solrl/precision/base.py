@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import importlib.util
 import logging
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -60,19 +61,23 @@ def _load_backends() -> None:
     import solrl.precision.emulated  # noqa: F401
     import solrl.precision.emulated_te  # noqa: F401
     import solrl.precision.reference  # noqa: F401
+    import solrl.precision.torchao_fp8  # noqa: F401
     import solrl.precision.transformer_engine  # noqa: F401
 
 
 def same_format(a: str, b: str) -> bool:
     """Whether two backend names compute the same format: equal, or an emulation and the kernel it emulates
-    (nvfp4-emu / nvfp4-te-emu and nvfp4, fp8-e4m3-emu and fp8)."""
+    (nvfp4-emu / nvfp4-te-emu and nvfp4, fp8-e4m3-emu and fp8), or another implementation of a kernel's format
+    (fp8-torchao and fp8)."""
     _load_backends()
+    return kernel_name(a) == kernel_name(b)
 
-    def kernel(name: str) -> str:
-        cls = BACKENDS.get(name)
-        return (cls.emulates if cls is not None else None) or name
 
-    return kernel(a) == kernel(b)
+def kernel_name(name: str) -> str:
+    """The kernel backend whose format `name` computes: what it emulates or implements, else `name` itself."""
+    _load_backends()
+    cls = BACKENDS.get(name)
+    return ((cls.emulates or cls.implements) if cls is not None else None) or name
 
 
 def available_backends() -> list[str]:
@@ -95,8 +100,13 @@ def runnable_backends() -> list[str]:
     return out
 
 
+# Backends built for a Transformer Engine name where the transformer_engine package is not installed
+TE_FALLBACK = {"fp8": "fp8-torchao"}
+
+
 def build_backend(cfg: PrecisionConfig) -> PrecisionBackend:
-    """Instantiate the backend that `cfg.backend` names."""
+    """Instantiate the backend that `cfg.backend` names. `fp8` without Transformer Engine installed is built as
+    `fp8-torchao` (torchao's FP8 GEMM, the same format; its `cfg.backend` stays `fp8`)."""
     if not isinstance(cfg, PrecisionConfig):
         raise TypeError(f"cfg must be a PrecisionConfig, got {type(cfg).__name__}")
     _load_backends()
@@ -107,12 +117,16 @@ def build_backend(cfg: PrecisionConfig) -> PrecisionBackend:
     from solrl.models import ENV_CUDA_STANDIN, cuda_stood_in
 
     if cuda_stood_in():  # tests only (solrl.models.ENV_CUDA_STANDIN)
-        emulation = sorted((n for n, c in BACKENDS.items() if c.emulates == cfg.backend),
+        kernel = kernel_name(cfg.backend)
+        emulation = sorted((n for n, c in BACKENDS.items() if c.emulates == kernel),
                            key=lambda n: "te-emu" not in n)
         if emulation:
             logging.getLogger(__name__).warning("%s=1: precision %s built as its CPU emulation %s (a test stand-in)",
                                                 ENV_CUDA_STANDIN, cfg.backend, emulation[0])
             return BACKENDS[emulation[0]](dataclasses.replace(cfg, backend=emulation[0]))
+    fallback = TE_FALLBACK.get(cfg.backend)
+    if fallback is not None and importlib.util.find_spec("transformer_engine") is None:
+        return BACKENDS[fallback](cfg)
     return BACKENDS[cfg.backend](cfg)
 
 
@@ -162,6 +176,8 @@ class PrecisionBackend:
     quantizes: ClassVar[bool] = False
     # an emulation: the kernel backend whose numbers it reproduces (a worker on either serves the same format)
     emulates: ClassVar[str | None] = None
+    # another implementation of a kernel backend's format on other kernels (fp8-torchao: fp8 on torchao's GEMM)
+    implements: ClassVar[str | None] = None
     # its kernels keep process-global state (Transformer Engine's autocast): a serving process runs one model call
     # at a time (services/explorer/dataplane.py)
     global_state: ClassVar[bool] = False
