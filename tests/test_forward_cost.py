@@ -145,7 +145,9 @@ def test_emulates_table_matches_the_backends():
     ("fp8-e4m3-emu", (9, 0), True, "fp8"),
     ("fp8-e4m3-emu", (8, 9), True, "fp8"),       # Ada
     ("fp8-e4m3-emu", (8, 0), True, "bf16"),      # A100: neither
-    ("nvfp4-emu", (10, 0), False, "bf16"),       # no Transformer Engine
+    ("nvfp4-emu", (10, 0), False, "fp8"),        # no Transformer Engine: no NVFP4, torchao's FP8
+    ("fp8-e4m3-emu", (9, 0), False, "fp8"),      # Hopper without Transformer Engine: torchao's FP8 (fp8-torchao)
+    ("fp8-e4m3-emu", (8, 0), False, "bf16"),
     ("mxfp4-emu", (10, 0), True, "bf16"),        # no kernel of ours
     ("bf16", (9, 0), True, "bf16"),
     ("nvfp4", (10, 0), True, "nvfp4"),           # kernels stay as named
@@ -156,6 +158,8 @@ def test_kernel_backend_on_each_gpu(backend, capability, te, want):
     assert backend in why
     if got == "bf16" and backend.endswith("-emu"):
         assert "GPU" in why or "installed" in why
+    if got == "fp8" and not te:
+        assert "torchao" in why and "Transformer Engine is not installed" in why
 
 
 def test_the_cpu_keeps_the_emulations():

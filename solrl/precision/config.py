@@ -55,7 +55,8 @@ class PrecisionConfig:
 
 
 # The Transformer Engine kernel each emulation reproduces (the backends' `emulates`; tests/test_precision_auto.py
-# keeps the two equal) and the compute capability each kernel needs (solrl.precision.transformer_engine).
+# keeps the two equal) and the compute capability each kernel needs (solrl.precision.transformer_engine; `fp8`
+# without Transformer Engine: solrl.precision.torchao_fp8).
 EMULATES = {"fp8-e4m3-emu": "fp8", "nvfp4-emu": "nvfp4", "nvfp4-te-emu": "nvfp4"}
 KERNEL_CAPABILITY = {"nvfp4": (10, 0), "fp8": (8, 9)}
 
@@ -63,8 +64,9 @@ KERNEL_CAPABILITY = {"nvfp4": (10, 0), "fp8": (8, 9)}
 def kernel_backend(backend: str, capability: tuple[int, int] | None, te_installed: bool) -> tuple[str, str]:
     """The backend a run that did not name one explicitly (the adaptive proxy's candidates) uses on a CUDA GPU of
     `capability`, and why. An emulation keeps a dequantized FP32 weight and multiplies in FP32: on a GPU slower than
-    BF16, so it becomes the kernel it emulates where this GPU and Transformer Engine run it (NVFP4 on sm_100+, FP8
-    on sm_89+), NVFP4 becomes FP8 where only FP8 runs (Hopper, Ada), and BF16 otherwise. Kernels and the reference
+    BF16, so it becomes the kernel it emulates where this GPU runs it (NVFP4 on sm_100+ with Transformer Engine; FP8
+    on sm_89+, with Transformer Engine or else on torchao's FP8 GEMM, which `fp8` is then built as), NVFP4 becomes
+    FP8 where only FP8 runs (Hopper, Ada, or no Transformer Engine), and BF16 otherwise. Kernels and the reference
     backends stay as they are. (Without a GPU nothing changes: the emulations are the CPU's formats.)"""
     kernel = EMULATES.get(backend)
     if kernel is None:
@@ -73,13 +75,17 @@ def kernel_backend(backend: str, capability: tuple[int, int] | None, te_installe
         return backend, f"{backend!r} as configured"
 
     def runs(k: str) -> bool:
-        return te_installed and capability is not None and tuple(capability) >= KERNEL_CAPABILITY[k]
+        # FP8 also runs without Transformer Engine: torchao's FP8 GEMM (fp8-torchao) is a core dependency
+        return ((te_installed or k == "fp8") and capability is not None
+                and tuple(capability) >= KERNEL_CAPABILITY[k])
 
     have = "unknown" if capability is None else ".".join(map(str, capability))
+    lib = "Transformer Engine" if te_installed else "torchao (Transformer Engine is not installed)"
     if runs(kernel):
-        return kernel, f"{backend!r} -> {kernel!r}: the Transformer Engine kernel it emulates (sm_{have.replace('.', '')})"
+        return kernel, f"{backend!r} -> {kernel!r}: the kernel it emulates, on {lib} (sm_{have.replace('.', '')})"
     if kernel == "nvfp4" and runs("fp8"):
-        return "fp8", (f"{backend!r} -> 'fp8': NVFP4 needs compute capability >= 10.0 (this GPU has {have}); "
-                       "Transformer Engine's FP8 runs here")
-    why = "Transformer Engine is not installed" if not te_installed else f"compute capability {have} runs no FP8/FP4 kernel"
-    return "bf16", f"{backend!r} -> 'bf16': {why}; the emulation would be slower than BF16 on a GPU"
+        why = (f"NVFP4 needs compute capability >= 10.0 (this GPU has {have})" if te_installed
+               else "NVFP4 needs Transformer Engine, which is not installed")
+        return "fp8", f"{backend!r} -> 'fp8': {why}; FP8 runs here on {lib}"
+    return "bf16", (f"{backend!r} -> 'bf16': compute capability {have} runs no FP8/FP4 kernel; the emulation would be "
+                    "slower than BF16 on a GPU")
