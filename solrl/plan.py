@@ -553,7 +553,7 @@ def recipe_from_config(cfg: RunConfig, preset: str, gpu: Gpu) -> tuple[Recipe, A
         fmt = to
     if fmt != "bf16" and explore_pc.backend.endswith("-emu"):
         notes.append(f"explorer backend {explore_pc.backend!r} emulates {fmt.upper()} with BF16 GEMMs: planned at "
-                     f"BF16 speed (nvfp4 / fp8 run Transformer Engine's kernels)")
+                     f"BF16 speed (nvfp4 / fp8 run Transformer Engine's kernels, fp8 torchao's without it)")
         fmt = "bf16"
     elif fmt != "bf16" and not explore_pc.quantize_activations:
         notes.append("weight-only quantization computes in BF16: the explorer is planned at BF16 speed")
