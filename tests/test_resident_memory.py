@@ -291,9 +291,9 @@ def test_an_explorer_process_holds_no_second_copy_over_ten_pushes(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["fp8", "bf16"])
+@pytest.mark.parametrize("backend", ["fp8", "fp8-torchao", "bf16"])
 def test_on_cuda_ten_pushes_allocate_what_one_does(backend):
-    """On a GPU (Transformer Engine fp8 needs sm_89+): torch's allocated CUDA bytes after ten pushes equal those
+    """On a GPU (fp8, on Transformer Engine or torchao, needs sm_89+): torch's allocated CUDA bytes after ten pushes equal those
     after one, and the served output equals a freshly merged build."""
     torch.manual_seed(0)
     base = Toy(256).cuda().to(torch.bfloat16)
