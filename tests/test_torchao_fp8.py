@@ -203,11 +203,19 @@ def test_weight_bytes_count_one_byte_per_value_and_the_scale():
 needs_fp8_gpu = pytest.mark.skipif(not HAS_CUDA or CAP < (8, 9), reason="needs a CUDA GPU of compute capability >= 8.9")
 
 
+@pytest.fixture
+def full_fp32_matmul():
+    """The emulation's FP32 GEMM in full FP32: TF32, which allow_tf32 turns on process-wide, would round its
+    operands (a setting, not an attribute, so pytest's monkeypatch cannot restore it)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
 @pytest.mark.gpu
 @needs_fp8_gpu
-def test_gpu_outputs_match_the_emulation_up_to_accumulation_order_and_push_in_place(monkeypatch):
-    # the emulation's FP32 GEMM in full FP32 (TF32, which allow_tf32 turns on process-wide, would round its operands)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+def test_gpu_outputs_match_the_emulation_up_to_accumulation_order_and_push_in_place(full_fp32_matmul):
     torch.manual_seed(0)
     base = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)).cuda()
     ours = build_backend(PrecisionConfig(backend="fp8-torchao")).prepare(copy.deepcopy(base))
