@@ -31,10 +31,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check solrl services tests
 
 # pytest-xdist: test files spread over TEST_WORKERS processes (a file's tests stay together, in order, so a
-# module's services start once); 1 runs them in this process, one after another
+# module's services start once; handed out in collection order, which tests/conftest.py sets: longest files first);
+# 1 runs them in this process, one after another
 TEST_WORKERS ?= 3
 test: protos lint
-	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # The hpsv3 reward's own environment (.venv/hpsv3: transformers 4.45.2, docs/rewards.md): tests/test_hpsv3.py
 # runs its reward service from there and skips, saying so, where it was not built (CI builds it: .ci/run)

@@ -525,7 +525,11 @@ def _shapes_base(name: str, mode: str) -> RunConfig:
     positive policy beta * v + (1 - beta) * v_old then moves half as far as v, so the loss pulls v twice as far
     towards the better half of a group. Three run seeds each, on one H200 (benchmarks/results/nft_beta_gpu.md)
     and on two CPU cores, it ended 12 epochs at 0.825 / 0.813 against 1.0's 0.799 / 0.807 on the same seeds (0.3
-    and 0.2 on the H200: 0.827, 0.828)."""
+    and 0.2 on the H200: 0.827, 0.828).
+
+    No KL term (train.kl_beta=0; the reference: 1e-4): on this bed kl_beta x KL stays below 1e-6 of the loss
+    (benchmarks/results/profile.md), so the reference forward, a fifth of a training step's passes, bought nothing;
+    the held-out gain without it is measured over four run seeds in benchmarks/results/kl_beta_cpu.md."""
     cfg = RunConfig(name=name, seed=0, epochs=12, threads=0)
     cfg.lora = LoraConfig(rank=16, alpha=32.0)
     cfg.rollout = RolloutConfig(
@@ -533,7 +537,7 @@ def _shapes_base(name: str, mode: str) -> RunConfig:
         explore_precision=PrecisionConfig(backend="nvfp4-emu"), precision=PrecisionConfig(backend="bf16"),
     )
     cfg.train = TrainConfig(lr=1e-3, micro_batch=32, timestep_fraction=1.0, weight_decay=1e-4,
-                            optimizer_steps_per_epoch=0, beta=0.5)
+                            optimizer_steps_per_epoch=0, beta=0.5, kl_beta=0.0)
     cfg.eval = EvalConfig(every=5, steps=(10,), prompts=48, seeds_per_prompt=2, reward="shapes")
     return cfg
 

@@ -16,7 +16,16 @@ def pytest_configure(config):
     build_protos()
 
 
+# The files that take longest (pytest --durations, benchmarks/results/test_durations.md), longest first: collected
+# first, so that under pytest-xdist (make test: whole files per worker, handed out in collection order) they start
+# at once instead of one of them running on alone at the end.
+HEAVY_FILES = ("test_learning.py", "test_bench_curve.py", "test_deploy.py", "test_bench.py", "test_faults.py",
+               "test_gpu_deploy.py", "test_proxy.py", "test_pretrain.py", "test_trainer_service_ddp.py", "test_hpsv3.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(HEAVY_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: every file keeps its own order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")

@@ -330,7 +330,12 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408_and_the_connection_freed(p
             assert reply.startswith(b"HTTP/1.1 408"), reply
             assert b"not received within 1 s" in reply and 0.9 < took < 20   # generous: a loaded 2-core machine
             conn.settimeout(20)
-            assert conn.recv(65536) == b""   # closed by the server: the half-read request cannot go on
+            # closed by the server: the half-read request cannot go on. An orderly close reads as EOF; where the
+            # trickled bytes were still unread when the server closed, its kernel answers with a reset instead
+            try:
+                assert conn.recv(65536) == b""
+            except ConnectionResetError:
+                assert pace == "trickled"
         assert httpx.post(f"http://127.0.0.1:{server.port}/body", content=b"y" * 500).json() == {"bytes": 500}
     finally:
         server.stop()
