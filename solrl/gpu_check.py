@@ -423,12 +423,12 @@ def reload_section(setup: Setup, budget: Budget, share_s: float, models: tuple[s
                    explore: dict[str, Any] | None) -> dict[str, Any]:
     """A preset-size LoRA pushed into the explorer's served copy (HotSwapModel: merge + re-quantize in place), as
     a share of one explore call of the same backend (eager)."""
-    from services.common.adapter_reload import HotSwapModel
     from solrl.adapters.lora import PREFIX, LoraSpec
-    from solrl.adapters.merge import lora_layout
+    from solrl.adapters.merge import lora_layout, merge_lora, target_weights
     from solrl.adapters.wire import encode_adapter, sha256_hex
     from solrl.config import get_preset
     from solrl.models.diffusers_t2i import FAMILIES
+    from solrl.precision import build_backend
 
     deadline = budget.section(share_s)
     lowp = lowp_backends(setup.device)
@@ -447,22 +447,45 @@ def reload_section(setup: Setup, budget: Budget, share_s: float, models: tuple[s
             g = torch.Generator().manual_seed(2)
             state = {k: torch.randn(*s, generator=g) * 0.01 for k, s in layout.items()}
             assert all(k.startswith(PREFIX) for k in state)
-            served = HotSwapModel(module, spec, explore_precision(name, backend, setup.tiny))
-            del module
+            precision = explore_precision(name, backend, setup.tiny)
+            try:
+                from services.common.adapter_reload import HotSwapModel
+            except ImportError as err:   # the services' dependencies are not installed: the same merge + requantize
+                HotSwapModel, via = None, f"backend.requantize of merge_lora ({error_text(err)})"
+            else:
+                via = "services.common.adapter_reload.HotSwapModel.load"
             pushes = []
-            for v in (1, 2):
-                data = encode_adapter(state, v, spec)
-                sync()
-                t0 = time.perf_counter()
-                res = served.load(data, version=v, sha256=sha256_hex(data))
-                sync()
-                pushes.append({"version": res.version, "swap_ms": res.swap_ms,
-                               "wall_ms": (time.perf_counter() - t0) * 1000.0})
-            # one explore call on the reloaded copy (the first after a push: the quantized weights are rebuilt)
             kwargs = inputs(name, setup, setup.micro_batch)
-            with torch.no_grad(), served.serving() as held:
-                first, times = timed(functools.partial(held.module, **kwargs), setup.repeats)
-            row = {"lora_rank": spec.rank, "lora_targets": list(spec.target_modules),
+            if HotSwapModel is not None:
+                served = HotSwapModel(module, spec, precision)
+                module = None
+                for v in (1, 2):
+                    data = encode_adapter(state, v, spec)
+                    sync()
+                    t0 = time.perf_counter()
+                    res = served.load(data, version=v, sha256=sha256_hex(data))
+                    sync()
+                    pushes.append({"version": res.version, "swap_ms": res.swap_ms,
+                                   "wall_ms": (time.perf_counter() - t0) * 1000.0})
+                # one explore call on the reloaded copy (the first after a push: the quantized weights are rebuilt)
+                with torch.no_grad(), served.serving() as held:
+                    first, times = timed(functools.partial(held.module, **kwargs), setup.repeats)
+            else:
+                originals = {n: w.clone() for n, w in target_weights(module, spec).items()}
+                served = build_backend(precision)
+                served.prepare(module)
+                for v in (1, 2):
+                    data = encode_adapter(state, v, spec)
+                    sync()
+                    t0 = time.perf_counter()
+                    served.requantize(module, merge_lora(originals, state, spec))
+                    sync()
+                    ms = (time.perf_counter() - t0) * 1000.0
+                    pushes.append({"version": v, "swap_ms": ms, "wall_ms": ms})
+                with torch.no_grad():
+                    first, times = timed(functools.partial(module, **kwargs), setup.repeats)
+                originals = module = None
+            row = {"via": via, "lora_rank": spec.rank, "lora_targets": list(spec.target_modules),
                    "adapter_bytes": len(data), "pushes": pushes, "explore_first_call_s": first,
                    "explore_s": min(times)}
             measured = None

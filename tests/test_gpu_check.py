@@ -111,3 +111,17 @@ def test_gpu_mode_refuses_without_cuda(tmp_path):
         pytest.skip("a CUDA device is here")
     with pytest.raises(SystemExit, match="--dry-run"):
         gpu_check.run(tmp_path, dry_run=False, budget_s=10)
+
+
+def test_reload_without_the_services_dependencies_merges_through_the_backend(monkeypatch):
+    """Where the services cannot be imported (a bare GPU image), the reload is the same merge + re-quantize."""
+    import torch
+
+    monkeypatch.setitem(sys.modules, "services.common.adapter_reload", None)   # import raises ImportError
+    setup = gpu_check.Setup(tiny=True, device=torch.device("cpu"), dtype=torch.float32, micro_batch=1, repeats=1,
+                            compile_backend="eager")
+    r = gpu_check.reload_section(setup, gpu_check.Budget(120), 120, ("sd3.5-large",), None)
+    row = r["models"]["sd3.5-large"]
+    assert "error" not in row, row
+    assert row["via"].startswith("backend.requantize") and r["backend"] == "fp8-e4m3-emu"
+    assert [p["version"] for p in row["pushes"]] == [1, 2] and finite_positive(row["share_of_explore_call"])
