@@ -39,6 +39,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -370,30 +371,35 @@ def explore_one(name: str, entry: dict[str, Any], compiled: bool, setup: Setup) 
     return out
 
 
-COMPILE_MIN_S = 30.0
+COMPILE_MIN_S = 30.0   # seconds a compiled configuration needs left to start (GPU)
+EAGER_SHARE = 0.35     # of the explore section, for the eager pass
 
 
 def explore_section(setup: Setup, budget: Budget, share_s: float, models: tuple[str, ...]) -> dict[str, Any]:
-    """Per model: BF16 and each low-precision backend, eager then compiled, until the section's time is spent."""
+    """BF16 and each low-precision backend per model: first every model eager (EAGER_SHARE of the section, each model
+    an equal part of what is left when it starts), then every model compiled (the rest, shared the same way), so a
+    slow compile never costs another model its eager numbers."""
     deadline = budget.section(share_s)
     lowp = lowp_backends(setup.device)
     kind = gpu_kind()
     result: dict[str, Any] = {"low_precision_backends": lowp, "plan_gpu_kind": kind, "models": {}}
     entries = [{"backend": "bf16", "stands_in_for": None, "format": "bf16"}, *lowp]
-    for i, name in enumerate(models):
-        # each model gets an equal share of what is left when it starts
-        model_deadline = time.monotonic() + max(0.0, (deadline - time.monotonic()) / (len(models) - i))
+    for name in models:
         side, text = shape(name, setup.tiny)
-        rows: list[dict[str, Any]] = []
-        r: dict[str, Any] = {"preset": PRESETS[name], "tiny": setup.tiny, "config": model_config(name, setup.tiny)[1],
-                             "tokens": {"image": side * side, "text": text}, "runs": rows}
-        result["models"][name] = r
-        for compiled in (False, True):
+        result["models"][name] = {"preset": PRESETS[name], "tiny": setup.tiny,
+                                  "config": model_config(name, setup.tiny)[1],
+                                  "tokens": {"image": side * side, "text": text}, "runs": []}
+    eager_end = time.monotonic() + EAGER_SHARE * max(0.0, deadline - time.monotonic())
+    for compiled, pass_end in ((False, eager_end), (True, deadline)):
+        for i, name in enumerate(models):
+            model_deadline = time.monotonic() + max(0.0, (pass_end - time.monotonic()) / (len(models) - i))
+            rows = result["models"][name]["runs"]
             for entry in entries:
                 # a compile is not interrupted: start one only with COMPILE_MIN_S left (GPU)
                 need = COMPILE_MIN_S if compiled and setup.device.type == "cuda" else 0.0
                 if time.monotonic() + need >= model_deadline:
-                    rows.append({"backend": entry["backend"], "compiled": compiled, "skipped": "section time spent"})
+                    rows.append({"backend": entry["backend"], "stands_in_for": entry["stands_in_for"],
+                                 "compiled": compiled, "skipped": "section time spent"})
                     continue
                 try:
                     rows.append(explore_one(name, entry, compiled, setup))
@@ -401,7 +407,9 @@ def explore_section(setup: Setup, budget: Budget, share_s: float, models: tuple[
                     rows.append({"backend": entry["backend"], "stands_in_for": entry["stands_in_for"],
                                  "compiled": compiled, "error": error_text(err)})
                     free_memory()
+    for name, r in result["models"].items():
         # the measured speed-ups beside the plan's estimate and the bound
+        rows = r["runs"]
         bf16 = {row["compiled"]: row["forward_s"] for row in rows if row["backend"] == "bf16" and "forward_s" in row}
         ratios = []
         for row in rows:
@@ -616,13 +624,16 @@ def redis_url(stack: contextlib.ExitStack) -> tuple[str | None, str]:
     return None, "no Redis: set SOLRL_REDIS_URL, put redis-server on PATH or run one at 127.0.0.1:6379"
 
 
+SERVICES_MIN_S = 45.0   # the services' epoch gets at least this long, even when the sections before overran
+
+
 def services_section(setup: Setup, budget: Budget, share_s: float, work: Path) -> dict[str, Any]:
     """One epoch of the shapes preset through `solrl up` with model.device set to this device."""
     import uuid
 
     from solrl.models.shapes import ShapesModel
 
-    timeout = max(1.0, min(share_s, budget.left()))
+    timeout = max(SERVICES_MIN_S, min(share_s, budget.left()))
     device = "cuda" if setup.device.type == "cuda" else "cpu"
     with contextlib.ExitStack() as stack:
         url, why = redis_url(stack)
@@ -643,12 +654,18 @@ def services_section(setup: Setup, budget: Budget, share_s: float, work: Path) -
         cmd = [sys.executable, "-m", "solrl.up", "--redis-url", url, "--namespace", ns, "--threads", "1",
                "--grace-s", "10", "--out", str(work / "run"), *[a for s in sets for a in ("--set", s)]]
         t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
-            log, rc = proc.stdout + proc.stderr, proc.returncode
-        except subprocess.TimeoutExpired as err:
-            log = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
-            log, rc = log + f"\n(timed out after {timeout:.0f} s)", None
+            log, _ = proc.communicate(timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)   # solrl up stops its services, then exits
+            try:
+                log, _ = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                log, _ = proc.communicate()
+            log, rc = (log or "") + f"\n(stopped after {timeout:.0f} s)", None
         finally:
             with contextlib.suppress(Exception):
                 import redis
