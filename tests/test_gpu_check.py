@@ -126,3 +126,17 @@ def test_reload_without_the_services_dependencies_merges_through_the_backend(mon
     assert "error" not in row, row
     assert row["via"].startswith("backend.requantize") and r["backend"] == "fp8-e4m3-emu"
     assert [p["version"] for p in row["pushes"]] == [1, 2] and finite_positive(row["share_of_explore_call"])
+
+
+def test_a_failing_section_is_recorded_and_the_others_still_run(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory (a stand-in)")
+
+    monkeypatch.setattr(gpu_check, "reload_section", broken)
+    res = gpu_check.run(tmp_path, dry_run=True, budget_s=300, models=("sd3.5-large",),
+                        sections=("environment", "reload", "update"))
+    assert res["reload"]["error"] == "RuntimeError: CUDA out of memory (a stand-in)" and "traceback" in res["reload"]
+    assert "error" not in res["environment"] and "error" not in res["update"]
+    written = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert written["reload"]["error"] and len(written["update"]["models"]["sd3.5-large"]["runs"]) == 4
+    assert "error: RuntimeError: CUDA out of memory" in (tmp_path / "gpu_check.md").read_text()
