@@ -160,7 +160,7 @@ def sdpa_backends(device: torch.device) -> dict[str, Any]:
                 torch.nn.functional.scaled_dot_product_attention(q, q, q)
             runs[name.lower()] = "runs"
         except RuntimeError as err:
-            runs[name.lower()] = f"does not run: {str(err).splitlines()[0][:160]}"
+            runs[name.lower()] = f"does not run: {str(err).splitlines()[0][:100]}"
     flags = {}
     for flag in ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "cudnn_sdp_enabled", "math_sdp_enabled"):
         fn = getattr(torch.backends.cuda, flag, None)
@@ -682,7 +682,7 @@ def services_section(setup: Setup, budget: Budget, share_s: float, work: Path) -
                "ok": rc == 0 and "trainer finished" in log, "epochs_recorded": len(records)}
         if epoch:
             out["epoch"] = {k: v for k, v in epoch.items() if isinstance(v, (int, float)) and
-                            any(k.startswith(p) for p in ("time.", "rollout.reward_mean", "train.loss", "epoch"))}
+                            any(k.startswith(p) for p in ("time_", "rollout.reward_mean", "train.loss", "epoch"))}
         if not out["ok"]:
             out["log_tail"] = log[-3000:]
         return out
@@ -777,6 +777,8 @@ def markdown(res: dict[str, Any]) -> str:
     if "ok" in sv:
         lines.append(f"{'ok' if sv['ok'] else 'FAILED'}: `solrl up` on {sv['device']} (explorer {sv['explore_precision']},"
                      f" Redis: {sv['redis']}) in {sv['wall_s']:.1f} s")
+        if sv.get("epoch"):
+            lines.append(f"\nepoch 1: {', '.join(f'{k} {v:.3g}' for k, v in sv['epoch'].items())}")
     else:
         lines.append(str(sv.get("skipped") or sv.get("error")))
     return "\n".join(lines) + "\n"
