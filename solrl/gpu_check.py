@@ -375,10 +375,12 @@ COMPILE_MIN_S = 30.0   # seconds a compiled configuration needs left to start (G
 EAGER_SHARE = 0.35     # of the explore section, for the eager pass
 
 
-def explore_section(setup: Setup, budget: Budget, share_s: float, models: tuple[str, ...]) -> dict[str, Any]:
+def explore_section(setup: Setup, budget: Budget, share_s: float, models: tuple[str, ...],
+                    save: Callable[[dict[str, Any]], None] = lambda partial: None) -> dict[str, Any]:
     """BF16 and each low-precision backend per model: first every model eager (EAGER_SHARE of the section, each model
     an equal part of what is left when it starts), then every model compiled (the rest, shared the same way), so a
-    slow compile never costs another model its eager numbers."""
+    slow compile never costs another model its eager numbers. `save(partial)` after each configuration (a run
+    killed mid-section keeps what it measured)."""
     deadline = budget.section(share_s)
     lowp = lowp_backends(setup.device)
     kind = gpu_kind()
@@ -407,6 +409,7 @@ def explore_section(setup: Setup, budget: Budget, share_s: float, models: tuple[
                     rows.append({"backend": entry["backend"], "stands_in_for": entry["stands_in_for"],
                                  "compiled": compiled, "error": error_text(err)})
                     free_memory()
+                save(result)
     for name, r in result["models"].items():
         # the measured speed-ups beside the plan's estimate and the bound
         rows = r["runs"]
@@ -824,7 +827,11 @@ def run(out: Path, *, dry_run: bool, budget_s: float, micro_batch: int | None = 
             run_section(res, "environment", lambda: environment(device))
             write(out, res, t0)
         if "explore" in sections:
-            run_section(res, "explore", lambda: explore_section(setup, budget, budget.left() - rest, models))
+            def partial(r: dict[str, Any]) -> None:
+                res["explore"] = {**r, "partial": True}
+                write(out, res, t0)
+
+            run_section(res, "explore", lambda: explore_section(setup, budget, budget.left() - rest, models, partial))
             write(out, res, t0)
         if "reload" in sections:
             run_section(res, "reload", lambda: reload_section(setup, budget, SHARES["reload"] * budget_s, models,
