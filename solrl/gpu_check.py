@@ -293,6 +293,22 @@ def lowp_backends(device: torch.device) -> list[dict[str, str]]:
     return out
 
 
+def kernels_not_run() -> dict[str, str]:
+    """The registered FP8 / FP4 kernel backends (not emulations) that cannot run here, and why."""
+    from solrl.plan import precision_format
+    from solrl.precision import BACKENDS, PrecisionConfig, available_backends, build_backend
+
+    out = {}
+    for b in available_backends():
+        if precision_format(b) not in ("fp8", "fp4") or BACKENDS[b].emulates is not None or b.endswith("-emu"):
+            continue
+        try:
+            getattr(build_backend(PrecisionConfig(b)), "check_environment", lambda: None)()
+        except RuntimeError as err:
+            out[b] = str(err)
+    return out
+
+
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
     """(seconds of the first call, seconds of each of `repeats` calls after it)."""
     sync()
@@ -384,7 +400,8 @@ def explore_section(setup: Setup, budget: Budget, share_s: float, models: tuple[
     deadline = budget.section(share_s)
     lowp = lowp_backends(setup.device)
     kind = gpu_kind()
-    result: dict[str, Any] = {"low_precision_backends": lowp, "plan_gpu_kind": kind, "models": {}}
+    result: dict[str, Any] = {"low_precision_backends": lowp, "kernels_not_run": kernels_not_run(),
+                              "plan_gpu_kind": kind, "models": {}}
     entries = [{"backend": "bf16", "stands_in_for": None, "format": "bf16"}, *lowp]
     for name in models:
         side, text = shape(name, setup.tiny)
@@ -728,6 +745,10 @@ def markdown(res: dict[str, Any]) -> str:
     lines += ["## Explore forward", ""]
     if "error" in ex:
         lines += [f"error: {ex['error']}", ""]
+    for b, why in ex.get("kernels_not_run", {}).items():
+        lines.append(f"- not run here: {b} ({why})")
+    if ex.get("kernels_not_run"):
+        lines.append("")
     for name, r in ex.get("models", {}).items():
         lines += [f"### {name} ({r['preset']}: micro-batch {res['micro_batch']}, {r['tokens']['image']} image + "
                   f"{r['tokens']['text']} text tokens{', tiny config' if r['tiny'] else ''})", "",

@@ -50,6 +50,8 @@ def test_dry_run_writes_every_section_with_finite_numbers(dry_run):
     assert {(b["backend"], b["stands_in_for"]) for b in explore["low_precision_backends"]} == {
         ("fp8-e4m3-emu", "fp8"), ("nvfp4-emu", "nvfp4")}
     assert set(explore["models"]) == set(gpu_check.MODELS)
+    # the kernels the emulations stand in for, and why they did not run (no CUDA here)
+    assert {"fp8", "nvfp4"} <= set(explore["kernels_not_run"]) and "CUDA" in explore["kernels_not_run"]["fp8"]
     for name, r in explore["models"].items():
         runs = r["runs"]
         assert {(x["backend"], x["compiled"]) for x in runs} == {
