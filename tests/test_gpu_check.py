@@ -81,6 +81,7 @@ def test_dry_run_writes_every_section_with_finite_numbers(dry_run):
         assert all(finite_positive(p["swap_ms"]) for p in r["pushes"])
         assert r["lora_rank"] == 32 and finite_positive(r["share_of_explore_call"])
         assert finite_positive(r["explore_s_from_explore_section"])
+        assert r["share_with_first_call"] >= r["share_of_explore_call"] and r["first_call_extra_s"] >= 0
 
     for name, r in res["update"]["models"].items():
         assert {(x["rows"], x["requested_checkpointing"]) for x in r["runs"]} == {
