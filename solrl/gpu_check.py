@@ -814,10 +814,23 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def write(out: Path, res: dict[str, Any], t0: float) -> None:
-    from solrl.bench.common import write_results
-
+    """OUT/gpu_check.json and .md through the benchmarks' writer (with its machine description); where that writer
+    cannot be imported or run, the same files with a short machine line, so a result is never lost to it."""
     res["elapsed_s"] = time.monotonic() - t0
-    write_results(out, "gpu_check", res, markdown(res))
+    try:
+        md = markdown(res)
+    except Exception as err:   # the json keeps every number even where the report cannot be formatted
+        md = f"The report could not be formatted ({error_text(err)}); gpu_check.json holds every number.\n"
+    try:
+        from solrl.bench.common import write_results
+
+        write_results(out, "gpu_check", res, md)
+    except Exception as err:
+        out.mkdir(parents=True, exist_ok=True)
+        full = {"bench": "gpu_check", "machine": {"error": error_text(err), "torch": torch.__version__,
+                                                 "gpu": torch.cuda.get_device_name(0) if cuda() else None}, **res}
+        (out / "gpu_check.json").write_text(json.dumps(full, indent=2) + "\n")
+        (out / "gpu_check.md").write_text(f"# solrl gpu_check\n\nMachine: {full['machine']}\n\n{md}")
 
 
 # -------------------------------------------------------------------- main

@@ -143,3 +143,16 @@ def test_a_failing_section_is_recorded_and_the_others_still_run(tmp_path, monkey
     written = json.loads((tmp_path / "gpu_check.json").read_text())
     assert written["reload"]["error"] and len(written["update"]["models"]["sd3.5-large"]["runs"]) == 4
     assert "error: RuntimeError: CUDA out of memory" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_results_are_written_even_where_the_report_or_the_writer_fails(tmp_path, monkeypatch):
+    import time
+
+    import solrl.bench.common
+
+    monkeypatch.setattr(solrl.bench.common, "write_results", None)   # the benchmarks' writer fails
+    res = {"dry_run": True, "budget_s": 1.0, "micro_batch": 1, "explore": {"models": {"x": {"runs": []}}}}
+    gpu_check.write(tmp_path, res, time.monotonic())   # and the report cannot be formatted (no "preset")
+    written = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert written["explore"] == res["explore"] and "TypeError" in written["machine"]["error"]
+    assert "could not be formatted (KeyError" in (tmp_path / "gpu_check.md").read_text()
