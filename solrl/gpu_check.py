@@ -667,10 +667,9 @@ def services_section(setup: Setup, budget: Budget, share_s: float, work: Path) -
         model_dir = work / "shapes-model"
         ShapesModel.random(seed=0, layers=6, heads=4).save(model_dir)
         ns = f"solrl-gpu-check-{uuid.uuid4().hex[:10]}"
-        # the explorer in the first low-precision backend measured above (fp32 on the CPU: the bit-for-bit run)
-        lowp = lowp_backends(setup.device)
-        explore = lowp[0]["backend"] if (lowp and device == "cuda") else ("bf16" if device == "cuda" else "fp32")
-        base = "bf16" if device == "cuda" else "fp32"
+        # BF16 roles on the GPU (the epoch checks the services on the device; the explore section measured the
+        # low-precision backends), FP32 on the CPU (the bit-for-bit run of tests/test_up.py)
+        explore = base = "bf16" if device == "cuda" else "fp32"
         sets = ["reward=jpeg_compressibility", "rollout.prompts_per_epoch=2", "rollout.pool=4", "rollout.kept=2",
                 "rollout.explore_steps=2", "rollout.steps=2", "train.micro_batch=4", "eval.prompts=2",
                 "eval.seeds_per_prompt=1", "eval.every=0", "eval.steps=2", "tensorboard=false", "lora.rank=4",
