@@ -281,15 +281,23 @@ def lowp_backends(device: torch.device) -> list[dict[str, str]]:
     FP4 with real kernels (not an emulation), found through the registry so a new one is picked up; on the CPU
     the emulations standing in for FP8 and NVFP4."""
     from solrl.plan import precision_format
-    from solrl.precision import BACKENDS, runnable_backends
+    from solrl.precision import BACKENDS, PrecisionConfig, available_backends, build_backend, runnable_backends
 
     if device.type != "cuda":
         return [{"backend": b, "stands_in_for": k, "format": precision_format(k)} for b, k in STAND_INS.items()]
+    available_backends()   # loads the registry
+    runnable = runnable_backends()
     out = []
-    for b in runnable_backends():
+    for b in runnable:
         cls = BACKENDS[b]
-        if precision_format(b) in ("fp8", "fp4") and cls.emulates is None and not b.endswith("-emu"):
-            out.append({"backend": b, "stands_in_for": None, "format": precision_format(b)})
+        if precision_format(b) not in ("fp8", "fp4") or cls.emulates is not None or b.endswith("-emu"):
+            continue
+        # a name the registry builds as another backend here (fp8 without Transformer Engine): measured once
+        built = getattr(build_backend(PrecisionConfig(b)), "name", b)
+        if built != b and built in runnable:
+            continue
+        out.append({"backend": b, "stands_in_for": None, "format": precision_format(b),
+                    **({"built_as": built} if built != b else {})})
     return out
 
 

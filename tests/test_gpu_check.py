@@ -156,3 +156,16 @@ def test_results_are_written_even_where_the_report_or_the_writer_fails(tmp_path,
     written = json.loads((tmp_path / "gpu_check.json").read_text())
     assert written["explore"] == res["explore"] and "TypeError" in written["machine"]["error"]
     assert "could not be formatted (KeyError" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_on_a_gpu_the_runnable_kernels_are_measured_not_the_emulations(monkeypatch):
+    """The registry decides: every runnable FP8 / FP4 backend that is not an emulation (a new one is picked up)."""
+    import torch
+
+    import solrl.precision
+
+    monkeypatch.setattr(solrl.precision, "runnable_backends",
+                        lambda: ["bf16", "fp32", "fp8", "fp8-e4m3-emu", "nvfp4", "nvfp4-emu", "nvfp4-te-emu"])
+    got = gpu_check.lowp_backends(torch.device("cuda"))
+    assert [(b["backend"], b["format"], b["stands_in_for"]) for b in got] == [("fp8", "fp8", None),
+                                                                            ("nvfp4", "fp4", None)]
