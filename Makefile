@@ -51,3 +51,13 @@ test-fast: protos
 
 clean:
 	rm -rf runs .pytest_cache
+
+# On a GPU host (H100 / H200 / B200, no network): the real denoisers' explore forward per precision backend, eager and
+# compiled, a LoRA hot reload, one update's memory per row, a shapes epoch through the services (solrl/gpu_check.py),
+# in about 8 minutes; writes $(OUT)/gpu_check.json and .md. No prerequisite: a GPU host runs it in its own CUDA
+# environment (GPU_PY; .venv's python where there is one); `make gpu-check DRY_RUN=1` runs it on tiny configs on the CPU.
+OUT    ?= runs/gpu-check
+GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+.PHONY: gpu-check
+gpu-check:
+	$(GPU_PY) -m solrl.gpu_check --out $(OUT) $(if $(DRY_RUN),--dry-run)

@@ -1,0 +1,923 @@
+"""`make gpu-check` (`python -m solrl.gpu_check --out DIR`): what one GPU host does with the real denoisers.
+
+One script, no network, about 8 minutes on one H100 / H200 (`--budget-s`), writing OUT/gpu_check.json and
+OUT/gpu_check.md. Sections, each under its own time budget and its own try/except (an error is recorded in the
+json and the next section runs; the files are rewritten after every section, so a run cut short keeps what it
+measured):
+
+- environment: torch, CUDA, cuDNN, Transformer Engine and torchao (where installed), the GPU and its compute
+  capability, the scaled-dot-product-attention backends that run a BF16 call, the precision backends runnable here;
+- explore: SD3.5-Large, FLUX.1-dev and SANA-1.5 1.6B denoisers built from their configs
+  (solrl.models.architectures) with random weights directly on the GPU; one forward at the presets' explore
+  micro-batch and resolution in BF16 and in each low-precision backend that runs here (FP8: Transformer Engine and
+  any other registered runnable FP8 backend, found through the registry; NVFP4 on sm_100), eager and
+  torch.compile'd, with the presets' layer policy (the model's skip list and size threshold): time and peak memory,
+  the measured speed-up over BF16 beside `solrl plan`'s estimate and the bound (every Linear in the format);
+- reload: a preset-size LoRA (rank 32 on the family's targets) pushed into the explorer's served copy
+  (services' HotSwapModel: merge and re-quantize in place), as a share of one explore call;
+- update: one LoRA update (forward, backward, AdamW step) on 1 and 2 rows, with and without gradient checkpointing:
+  peak memory and memory per row, beside the planner's activation model;
+- services: one epoch of the shapes preset through `solrl up` (reward, explorer, regenerator, trainer as processes)
+  with model.device set to this device (needs a Redis: SOLRL_REDIS_URL, a `redis-server` on PATH, or one at
+  127.0.0.1:6379).
+
+`--dry-run` runs the same code on the CPU with tiny configs of the same diffusers classes (a few layers, width 64),
+one repeat, the emulated backends (`fp8-e4m3-emu`, `nvfp4-emu`) standing in for the kernels and torch.compile with
+its "eager" backend (tracing only); the json names the backend that ran and what it stands in for. tests/
+test_gpu_check.py runs it inside `make test`, so the GPU path cannot rot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import gc
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MODELS = ("sd3.5-large", "flux1-dev", "sana1.5-1.6b")
+PRESETS = {"sd3.5-large": "sd35l-sol-rl", "flux1-dev": "flux1-sol-rl", "sana1.5-1.6b": "sana-sol-rl"}
+# the CPU stand-ins of the kernels (the dry run): emulation -> the kernel it stands in for
+STAND_INS = {"fp8-e4m3-emu": "fp8", "nvfp4-emu": "nvfp4"}
+ROOT = Path(__file__).resolve().parents[1]
+
+# Tiny configs of the same classes for the dry run (width 64, two blocks; FLUX's rope axes sum to its head dim).
+TINY: dict[str, dict[str, Any]] = {
+    "sd3.5-large": {"sample_size": 16, "num_layers": 2, "attention_head_dim": 32, "num_attention_heads": 2,
+                    "joint_attention_dim": 64, "caption_projection_dim": 64, "pooled_projection_dim": 32,
+                    "pos_embed_max_size": 32},
+    "flux1-dev": {"num_layers": 1, "num_single_layers": 2, "attention_head_dim": 32, "num_attention_heads": 2,
+                  "joint_attention_dim": 64, "pooled_projection_dim": 32, "axes_dims_rope": (8, 12, 12)},
+    "sana1.5-1.6b": {"sample_size": 8, "num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 32,
+                     "num_cross_attention_heads": 2, "cross_attention_head_dim": 32, "cross_attention_dim": 64,
+                     "caption_channels": 64},
+}
+TINY_TOKENS_SIDE, TINY_TEXT, TINY_MIN_FEATURES = 8, 8, 64
+
+
+# -------------------------------------------------------------------- helpers
+
+class Budget:
+    """Seconds left of the whole run and of one section."""
+
+    def __init__(self, total_s: float) -> None:
+        self.t0, self.total_s = time.monotonic(), float(total_s)
+
+    def left(self) -> float:
+        return self.total_s - (time.monotonic() - self.t0)
+
+    def section(self, share_s: float) -> float:
+        """A deadline (monotonic) for a section: `share_s` seconds, never past the run's end."""
+        return time.monotonic() + max(0.0, min(share_s, self.left()))
+
+
+def cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def sync() -> None:
+    if cuda():
+        torch.cuda.synchronize()
+
+
+def free_memory() -> None:
+    gc.collect()
+    if cuda():
+        torch.cuda.empty_cache()
+
+
+def reset_peak() -> int:
+    """Reset the peak statistic; returns the bytes allocated now (0 on the CPU, which torch does not count)."""
+    if not cuda():
+        return 0
+    sync()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def peak_gib() -> float | None:
+    """Peak bytes allocated since `reset_peak`, in GiB (None on the CPU)."""
+    if not cuda():
+        return None
+    sync()
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def error_text(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err)[:600]}"
+
+
+def version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def gpu_kind() -> str:
+    """The planner's GPU kind nearest this device (h100 when there is none: the dry run's reference)."""
+    name = torch.cuda.get_device_name(0).lower() if cuda() else ""
+    return "b200" if "b200" in name else "h200" if "h200" in name else "h100"
+
+
+# -------------------------------------------------------------------- environment
+
+SDPA = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH")
+
+
+def sdpa_backends(device: torch.device) -> dict[str, Any]:
+    """Which scaled-dot-product-attention backends run one BF16 call here (each alone under sdpa_kernel), and
+    torch's global enable flags."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    q = torch.randn(2, 4, 256, 64, device=device, dtype=dtype)
+    runs = {}
+    for name in SDPA:
+        backend = getattr(SDPBackend, name, None)
+        if backend is None:
+            runs[name.lower()] = "absent"
+            continue
+        try:
+            with sdpa_kernel([backend]):
+                torch.nn.functional.scaled_dot_product_attention(q, q, q)
+            runs[name.lower()] = "runs"
+        except RuntimeError as err:
+            runs[name.lower()] = f"does not run: {str(err).splitlines()[0][:100]}"
+    flags = {}
+    for flag in ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "cudnn_sdp_enabled", "math_sdp_enabled"):
+        fn = getattr(torch.backends.cuda, flag, None)
+        flags[flag] = bool(fn()) if fn is not None else None
+    # the one torch picks for this call: the first that runs in torch's priority order (flash, efficient, cudnn)
+    chosen = next((n for n in ("flash_attention", "efficient_attention", "cudnn_attention", "math")
+                   if runs.get(n) == "runs"), None) if device.type == "cuda" else "math (CPU)"
+    return {"runs_bf16": runs, "enabled": flags, "likely_choice": chosen}
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    from solrl.precision import runnable_backends
+
+    env: dict[str, Any] = {
+        "python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "transformer_engine": version("transformer_engine") or version("transformer-engine")
+        if importlib.util.find_spec("transformer_engine") else None,
+        "torchao": version("torchao"), "diffusers": version("diffusers"), "peft": version("peft"),
+        "device": str(device), "gpu": torch.cuda.get_device_name(0) if cuda() else None,
+        "compute_capability": ".".join(map(str, torch.cuda.get_device_capability(0))) if cuda() else None,
+        "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if cuda() else None,
+        "runnable_precision_backends": runnable_backends(),
+    }
+    env["sdpa"] = sdpa_backends(device)
+    return env
+
+
+# -------------------------------------------------------------------- the denoisers
+
+@dataclasses.dataclass
+class Setup:
+    """How a model is built and fed: full size on the GPU, tiny on the CPU."""
+
+    tiny: bool
+    device: torch.device
+    dtype: torch.dtype
+    micro_batch: int
+    repeats: int
+    compile_backend: str        # torch.compile backend: inductor on the GPU, eager (tracing only) on the CPU
+
+
+def model_config(name: str, tiny: bool) -> tuple[str, dict[str, Any]]:
+    from solrl.models.architectures import ARCHITECTURES
+
+    arch = ARCHITECTURES[name]
+    return arch.cls, {**arch.config, **(TINY[name] if tiny else {})}
+
+
+def build_denoiser(name: str, setup: Setup, seed: int = 0) -> torch.nn.Module:
+    """The named denoiser from its config with random weights, built directly on the device in its dtype."""
+    import diffusers
+
+    cls, cfg = model_config(name, setup.tiny)
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(setup.dtype)
+    try:
+        with torch.device(setup.device):
+            module = getattr(diffusers, cls)(**cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    return module.eval().requires_grad_(False)
+
+
+def shape(name: str, tiny: bool) -> tuple[int, int]:
+    """(latent tokens per side, text tokens) of one sample at the preset's resolution and text length."""
+    if tiny:
+        return TINY_TOKENS_SIDE, TINY_TEXT
+    from solrl.models.diffusers_t2i import FAMILIES
+    from solrl.plan import PIXELS_PER_TOKEN, text_tokens
+
+    return FAMILIES[name].resolution // PIXELS_PER_TOKEN[name], text_tokens(name)
+
+
+def inputs(name: str, setup: Setup, batch: int) -> dict[str, torch.Tensor]:
+    """Forward kwargs of `batch` samples (random latents and text states; a mid-schedule timestep)."""
+    cls, c = model_config(name, setup.tiny)
+    side, text = shape(name, setup.tiny)
+    g = torch.Generator(device="cpu").manual_seed(1)
+
+    def rand(*s: int) -> torch.Tensor:
+        return torch.randn(*s, generator=g).to(setup.device, setup.dtype)
+
+    t = torch.full((batch,), 0.5, device=setup.device)
+    if cls == "FluxTransformer2DModel":
+        return {"hidden_states": rand(batch, side * side, c["in_channels"]),
+                "encoder_hidden_states": rand(batch, text, c["joint_attention_dim"]),
+                "pooled_projections": rand(batch, c["pooled_projection_dim"]), "timestep": t,
+                "img_ids": torch.zeros(side * side, 3, device=setup.device), "txt_ids":
+                torch.zeros(text, 3, device=setup.device), "guidance": torch.full((batch,), 3.5, device=setup.device),
+                "return_dict": False}
+    p = c["patch_size"]
+    out = {"hidden_states": rand(batch, c["in_channels"], side * p, side * p), "timestep": t * 1000.0,
+           "return_dict": False}
+    if cls == "SD3Transformer2DModel":
+        out.update(encoder_hidden_states=rand(batch, text, c["joint_attention_dim"]),
+                   pooled_projections=rand(batch, c["pooled_projection_dim"]))
+    else:   # SanaTransformer2DModel
+        out["encoder_hidden_states"] = rand(batch, text, c["caption_channels"])
+    return out
+
+
+def explore_precision(name: str, backend: str, tiny: bool):
+    """The preset's explorer precision (its layer policy: the model's skip list and size threshold) with `backend`.
+    Tiny: the threshold scaled to the tiny widths (64) so some layers are selected."""
+    from solrl.config import get_preset
+    from solrl.models.diffusers_t2i import FAMILIES
+    from solrl.precision.base import with_model_skips
+
+    fam = FAMILIES[name]
+    pc = dataclasses.replace(get_preset(PRESETS[name]).rollout.explore_precision, backend=backend)
+    return with_model_skips(pc, fam.quant_skip, TINY_MIN_FEATURES if tiny else fam.quant_min_features)
+
+
+def lowp_backends(device: torch.device) -> list[dict[str, str]]:
+    """The low-precision backends to measure: on a GPU every registered backend that runs here and computes FP8 or
+    FP4 with real kernels (not an emulation), found through the registry so a new one is picked up; on the CPU
+    the emulations standing in for FP8 and NVFP4."""
+    from solrl.plan import precision_format
+    from solrl.precision import BACKENDS, PrecisionConfig, available_backends, build_backend, runnable_backends
+
+    if device.type != "cuda":
+        return [{"backend": b, "stands_in_for": k, "format": precision_format(k)} for b, k in STAND_INS.items()]
+    available_backends()   # loads the registry
+    runnable = runnable_backends()
+    out = []
+    for b in runnable:
+        cls = BACKENDS[b]
+        if precision_format(b) not in ("fp8", "fp4") or cls.emulates is not None or b.endswith("-emu"):
+            continue
+        # a name the registry builds as another backend here (fp8 without Transformer Engine): measured once
+        built = getattr(build_backend(PrecisionConfig(b)), "name", b)
+        if built != b and built in runnable:
+            continue
+        out.append({"backend": b, "stands_in_for": None, "format": precision_format(b),
+                    **({"built_as": built} if built != b else {})})
+    return out
+
+
+def kernels_not_run() -> dict[str, str]:
+    """The registered FP8 / FP4 kernel backends (not emulations) that cannot run here, and why."""
+    from solrl.plan import precision_format
+    from solrl.precision import BACKENDS, PrecisionConfig, available_backends, build_backend
+
+    out = {}
+    for b in available_backends():
+        if precision_format(b) not in ("fp8", "fp4") or BACKENDS[b].emulates is not None or b.endswith("-emu"):
+            continue
+        try:
+            getattr(build_backend(PrecisionConfig(b)), "check_environment", lambda: None)()
+        except RuntimeError as err:
+            out[b] = str(err)
+    return out
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
+    """(seconds of the first call, seconds of each of `repeats` calls after it)."""
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return first, times
+
+
+def plan_numbers(name: str, fmt: str, kind: str) -> dict[str, Any]:
+    """`solrl plan`'s estimate of the explorer's forward speed-up over BF16 on GPU `kind` (the preset's policy),
+    and the bound where every Linear ran at the format's rate."""
+    from solrl.config import get_preset
+    from solrl.plan import GPUS, _facts, recipe_from_config
+
+    gpu = GPUS[kind]
+    cfg = get_preset(PRESETS[name])
+    cfg.rollout.explore_precision = dataclasses.replace(cfg.rollout.explore_precision,
+                                                        backend={"fp8": "fp8", "fp4": "nvfp4"}[fmt])
+    _, pc = recipe_from_config(cfg, PRESETS[name], gpu)
+    facts = _facts(cfg, pc)
+    flops, linear = facts.forward.flops, 2.0 * facts.forward.linear_macs
+    bf16 = gpu.tflops["bf16"]
+    rate = gpu.tflops.get(fmt)
+    out = {"gpu_kind": kind, "linear_share": linear / flops, "quantized_share": facts.quantized_share,
+           "estimate": None, "bound": None}
+    k = (rate or bf16) / bf16
+    out["bound_at_rate"] = {"fp8": 2.0, "fp4": 4.0}[fmt]
+    out["bound"] = 1.0 / ((1 - linear / flops) + linear / flops / out["bound_at_rate"])
+    if rate:
+        q = facts.quantized_share
+        out["estimate"] = 1.0 / ((1 - q) + q / k)
+    else:
+        out["note"] = f"{gpu.name} has no {fmt.upper()} kernels in the planner"
+    return out
+
+
+# -------------------------------------------------------------------- sections
+
+def explore_one(name: str, entry: dict[str, Any], compiled: bool, setup: Setup) -> dict[str, Any]:
+    """Build, prepare through the backend, and time one explore forward (eager or compiled)."""
+    from solrl.precision import build_backend
+
+    free_memory()
+    module = build_denoiser(name, setup)
+    backend = build_backend(explore_precision(name, entry["backend"], setup.tiny))
+    backend.prepare(module)
+    kwargs = inputs(name, setup, setup.micro_batch)
+    fn = module
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(module, backend=setup.compile_backend)
+    call = functools.partial(fn, **kwargs)
+    base = reset_peak()
+    try:
+        with torch.no_grad():
+            first, times = timed(call, setup.repeats)
+        peak = peak_gib()
+        out = {"backend": entry["backend"], "stands_in_for": entry["stands_in_for"], "compiled": compiled,
+               "quantized_layers": len(backend.quantized_names), "micro_batch": setup.micro_batch,
+               "first_call_s": first, "forward_s": min(times), "times_s": times,
+               "peak_gib": peak, "weights_gib": base / 2**30 if cuda() else None,
+               "weight_bytes": backend.weight_bytes(module)["total"]}
+    finally:
+        call = fn = module = kwargs = None
+        if compiled:
+            torch._dynamo.reset()
+        free_memory()
+    return out
+
+
+COMPILE_MIN_S = 30.0   # seconds a compiled configuration needs left to start (GPU)
+EAGER_SHARE = 0.35     # of the explore section, for the eager pass
+
+
+def explore_section(setup: Setup, budget: Budget, share_s: float, models: tuple[str, ...],
+                    save: Callable[[dict[str, Any]], None] = lambda partial: None) -> dict[str, Any]:
+    """BF16 and each low-precision backend per model: first every model eager (EAGER_SHARE of the section, each model
+    an equal part of what is left when it starts), then every model compiled (the rest, shared the same way), so a
+    slow compile never costs another model its eager numbers. `save(partial)` after each configuration (a run
+    killed mid-section keeps what it measured)."""
+    deadline = budget.section(share_s)
+    lowp = lowp_backends(setup.device)
+    kind = gpu_kind()
+    result: dict[str, Any] = {"low_precision_backends": lowp, "kernels_not_run": kernels_not_run(),
+                              "plan_gpu_kind": kind, "models": {}}
+    entries = [{"backend": "bf16", "stands_in_for": None, "format": "bf16"}, *lowp]
+    for name in models:
+        side, text = shape(name, setup.tiny)
+        result["models"][name] = {"preset": PRESETS[name], "tiny": setup.tiny,
+                                  "config": model_config(name, setup.tiny)[1],
+                                  "tokens": {"image": side * side, "text": text}, "runs": []}
+    eager_end = time.monotonic() + EAGER_SHARE * max(0.0, deadline - time.monotonic())
+    for compiled, pass_end in ((False, eager_end), (True, deadline)):
+        for i, name in enumerate(models):
+            model_deadline = time.monotonic() + max(0.0, (pass_end - time.monotonic()) / (len(models) - i))
+            rows = result["models"][name]["runs"]
+            for entry in entries:
+                # a compile is not interrupted: start one only with COMPILE_MIN_S left (GPU)
+                need = COMPILE_MIN_S if compiled and setup.device.type == "cuda" else 0.0
+                if time.monotonic() + need >= model_deadline:
+                    rows.append({"backend": entry["backend"], "stands_in_for": entry["stands_in_for"],
+                                 "compiled": compiled, "skipped": "section time spent"})
+                    continue
+                try:
+                    rows.append(explore_one(name, entry, compiled, setup))
+                except Exception as err:   # recorded; the next configuration runs
+                    rows.append({"backend": entry["backend"], "stands_in_for": entry["stands_in_for"],
+                                 "compiled": compiled, "error": error_text(err)})
+                    free_memory()
+                save(result)
+    for name, r in result["models"].items():
+        # the measured speed-ups beside the plan's estimate and the bound
+        rows = r["runs"]
+        bf16 = {row["compiled"]: row["forward_s"] for row in rows if row["backend"] == "bf16" and "forward_s" in row}
+        ratios = []
+        for row in rows:
+            entry = next((e for e in lowp if e["backend"] == row["backend"]), None)
+            if entry is None or "forward_s" not in row or row["compiled"] not in bf16:
+                continue
+            ratio = {"backend": row["backend"], "stands_in_for": entry["stands_in_for"], "compiled": row["compiled"],
+                     "measured": bf16[row["compiled"]] / row["forward_s"]}
+            try:
+                ratio["plan"] = plan_numbers(name, entry["format"], kind)
+            except Exception as err:
+                ratio["plan"] = {"error": error_text(err)}
+            ratios.append(ratio)
+        r["speedups"] = ratios
+    return result
+
+
+def reload_section(setup: Setup, budget: Budget, share_s: float, models: tuple[str, ...],
+                   explore: dict[str, Any] | None) -> dict[str, Any]:
+    """A preset-size LoRA pushed into the explorer's served copy (HotSwapModel: merge + re-quantize in place), as
+    a share of one explore call of the same backend (eager)."""
+    from solrl.adapters.lora import PREFIX, LoraSpec
+    from solrl.adapters.merge import lora_layout, merge_lora, target_weights
+    from solrl.adapters.wire import encode_adapter, sha256_hex
+    from solrl.config import get_preset
+    from solrl.models.diffusers_t2i import FAMILIES
+    from solrl.precision import build_backend
+
+    deadline = budget.section(share_s)
+    lowp = lowp_backends(setup.device)
+    backend = lowp[0]["backend"] if lowp else "bf16"
+    out: dict[str, Any] = {"backend": backend, "models": {}}
+    for name in models:
+        if time.monotonic() >= deadline:
+            out["models"][name] = {"skipped": "section time spent"}
+            continue
+        try:
+            free_memory()
+            lora = get_preset(PRESETS[name]).lora
+            spec = LoraSpec(rank=lora.rank, alpha=lora.alpha, target_modules=tuple(FAMILIES[name].lora_targets))
+            module = build_denoiser(name, setup)
+            layout = lora_layout(module, spec)
+            g = torch.Generator().manual_seed(2)
+            state = {k: torch.randn(*s, generator=g) * 0.01 for k, s in layout.items()}
+            assert all(k.startswith(PREFIX) for k in state)
+            precision = explore_precision(name, backend, setup.tiny)
+            try:
+                from services.common.adapter_reload import HotSwapModel
+            except ImportError as err:   # the services' dependencies are not installed: the same merge + requantize
+                HotSwapModel, via = None, f"backend.requantize of merge_lora ({error_text(err)})"
+            else:
+                via = "services.common.adapter_reload.HotSwapModel.load"
+            pushes = []
+            kwargs = inputs(name, setup, setup.micro_batch)
+            if HotSwapModel is not None:
+                served = HotSwapModel(module, spec, precision)
+                module = None
+                for v in (1, 2):
+                    data = encode_adapter(state, v, spec)
+                    sync()
+                    t0 = time.perf_counter()
+                    res = served.load(data, version=v, sha256=sha256_hex(data))
+                    sync()
+                    pushes.append({"version": res.version, "swap_ms": res.swap_ms,
+                                   "wall_ms": (time.perf_counter() - t0) * 1000.0})
+                # one explore call on the reloaded copy (the first after a push: the quantized weights are rebuilt)
+                with torch.no_grad(), served.serving() as held:
+                    first, times = timed(functools.partial(held.module, **kwargs), setup.repeats)
+            else:
+                originals = {n: w.clone() for n, w in target_weights(module, spec).items()}
+                served = build_backend(precision)
+                served.prepare(module)
+                for v in (1, 2):
+                    data = encode_adapter(state, v, spec)
+                    sync()
+                    t0 = time.perf_counter()
+                    served.requantize(module, merge_lora(originals, state, spec))
+                    sync()
+                    ms = (time.perf_counter() - t0) * 1000.0
+                    pushes.append({"version": v, "swap_ms": ms, "wall_ms": ms})
+                with torch.no_grad():
+                    first, times = timed(functools.partial(module, **kwargs), setup.repeats)
+                originals = module = None
+            row = {"via": via, "lora_rank": spec.rank, "lora_targets": list(spec.target_modules),
+                   "adapter_bytes": len(data), "pushes": pushes, "explore_first_call_s": first,
+                   "explore_s": min(times)}
+            measured = None
+            if explore:
+                measured = next((x["forward_s"] for x in explore.get("models", {}).get(name, {}).get("runs", [])
+                                 if x.get("backend") == backend and not x.get("compiled") and "forward_s" in x), None)
+            row["explore_s_from_explore_section"] = measured
+            call_s = measured or row["explore_s"]
+            row["share_of_explore_call"] = pushes[-1]["swap_ms"] / 1000.0 / call_s
+            # a backend that quantizes lazily (Transformer Engine: on the first call after a load) pays the rest of
+            # the re-quantization in that call: what the first call takes beyond a steady one
+            row["first_call_extra_s"] = max(0.0, first - min(times))
+            row["share_with_first_call"] = (pushes[-1]["swap_ms"] / 1000.0 + row["first_call_extra_s"]) / call_s
+            out["models"][name] = row
+            served = held = kwargs = None
+        except Exception as err:
+            out["models"][name] = {"error": error_text(err)}
+        free_memory()
+    return out
+
+
+def update_model(name: str, setup: Setup) -> tuple[torch.nn.Module, Any]:
+    """The denoiser with the trainer's three LoRA adapters (preset rank and alpha, the family's targets)."""
+    from solrl.adapters.lora import LoraAdapters, LoraSpec
+    from solrl.config import get_preset
+    from solrl.models.diffusers_t2i import FAMILIES
+
+    lora = get_preset(PRESETS[name]).lora
+    module = build_denoiser(name, setup)
+    adapters = LoraAdapters(module, LoraSpec(rank=lora.rank, alpha=lora.alpha,
+                                             target_modules=tuple(FAMILIES[name].lora_targets)), seed=0)
+    return module, adapters
+
+
+def update_once(name: str, module: torch.nn.Module, adapters: Any, setup: Setup, rows: int,
+                checkpointing: bool) -> dict[str, Any]:
+    """One LoRA update (forward, MSE to a random target, backward, AdamW step) on `rows` rows: time, peak memory."""
+    from solrl.trainer import set_gradient_checkpointing
+
+    free_memory()
+    on = set_gradient_checkpointing(module, checkpointing)
+    module.train()
+    params = adapters.trainable_parameters()
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    kwargs = inputs(name, setup, rows)
+    base = reset_peak()
+    try:
+        sync()
+        t0 = time.perf_counter()
+        out = module(**kwargs)[0]
+        loss = torch.nn.functional.mse_loss(out.float(), torch.randn_like(out, dtype=torch.float32))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync()
+        seconds = time.perf_counter() - t0
+        return {"rows": rows, "gradient_checkpointing": on, "requested_checkpointing": checkpointing,
+                "update_s": seconds, "peak_gib": peak_gib(), "before_gib": base / 2**30 if cuda() else None,
+                "loss": float(loss.detach())}
+    finally:
+        out = loss = opt = kwargs = None
+        module.eval()
+        free_memory()
+
+
+def update_section(setup: Setup, budget: Budget, share_s: float, models: tuple[str, ...]) -> dict[str, Any]:
+    from solrl.plan import ACTIVATION_BYTES_TRAIN, CHECKPOINT_BYTES, denoiser_forward
+
+    deadline = budget.section(share_s)
+    out: dict[str, Any] = {"models": {}}
+    for name in models:
+        runs: list[dict[str, Any]] = []
+        r: dict[str, Any] = {"runs": runs}
+        out["models"][name] = r
+        module = adapters = None
+        for checkpointing in (False, True):
+            for rows in (1, 2):
+                if time.monotonic() >= deadline:
+                    runs.append({"rows": rows, "requested_checkpointing": checkpointing,
+                                 "skipped": "section time spent"})
+                    continue
+                try:
+                    if module is None:
+                        module, adapters = update_model(name, setup)
+                    runs.append(update_once(name, module, adapters, setup, rows, checkpointing))
+                except Exception as err:
+                    runs.append({"rows": rows, "requested_checkpointing": checkpointing, "error": error_text(err)})
+                    free_memory()
+        module = adapters = None
+        free_memory()
+        per_row = {}
+        for checkpointing in (False, True):
+            peaks = {x["rows"]: x.get("peak_gib") for x in runs if x.get("requested_checkpointing") == checkpointing}
+            if peaks.get(1) is not None and peaks.get(2) is not None:
+                per_row["with" if checkpointing else "without"] = peaks[2] - peaks[1]
+        r["memory_per_row_gib"] = per_row or None
+        if not setup.tiny:
+            f = denoiser_forward(name)
+            r["plan_per_row_gib"] = {"without": ACTIVATION_BYTES_TRAIN * f.tokens * f.width * f.blocks / 2**30,
+                                     "with": (CHECKPOINT_BYTES * f.tokens * f.width * f.blocks
+                                              + ACTIVATION_BYTES_TRAIN * f.tokens * f.width) / 2**30}
+    return out
+
+
+def redis_url(stack: contextlib.ExitStack) -> tuple[str | None, str]:
+    """A Redis for the services: SOLRL_REDIS_URL, else a `redis-server` started here on a free port (stopped at
+    the end), else one at 127.0.0.1:6379; (None, why) when there is none."""
+    import redis
+
+    def answers(url: str) -> bool:
+        try:
+            return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+        except Exception:
+            return False
+
+    if os.environ.get("SOLRL_REDIS_URL"):
+        return os.environ["SOLRL_REDIS_URL"], "SOLRL_REDIS_URL"
+    server = shutil.which("redis-server")
+    if server:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                                 "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stack.callback(lambda: (proc.terminate(), proc.wait(10)))
+        url = f"redis://127.0.0.1:{port}/0"
+        for _ in range(50):
+            if answers(url):
+                return url, f"redis-server started on port {port}"
+            time.sleep(0.1)
+    if answers("redis://127.0.0.1:6379/0"):
+        return "redis://127.0.0.1:6379/0", "the Redis at 127.0.0.1:6379"
+    return None, "no Redis: set SOLRL_REDIS_URL, put redis-server on PATH or run one at 127.0.0.1:6379"
+
+
+SERVICES_MIN_S = 45.0   # the services' epoch gets at least this long, even when the sections before overran
+
+
+def services_section(setup: Setup, budget: Budget, share_s: float, work: Path) -> dict[str, Any]:
+    """One epoch of the shapes preset through `solrl up` with model.device set to this device."""
+    import uuid
+
+    from solrl.models.shapes import ShapesModel
+
+    timeout = max(SERVICES_MIN_S, min(share_s, budget.left()))
+    device = "cuda" if setup.device.type == "cuda" else "cpu"
+    with contextlib.ExitStack() as stack:
+        url, why = redis_url(stack)
+        if url is None:
+            return {"skipped": why}
+        model_dir = work / "shapes-model"
+        ShapesModel.random(seed=0, layers=6, heads=4).save(model_dir)
+        ns = f"solrl-gpu-check-{uuid.uuid4().hex[:10]}"
+        # BF16 roles on the GPU (the epoch checks the services on the device; the explore section measured the
+        # low-precision backends), FP32 on the CPU (the bit-for-bit run of tests/test_up.py)
+        explore = base = "bf16" if device == "cuda" else "fp32"
+        sets = ["reward=jpeg_compressibility", "rollout.prompts_per_epoch=2", "rollout.pool=4", "rollout.kept=2",
+                "rollout.explore_steps=2", "rollout.steps=2", "train.micro_batch=4", "eval.prompts=2",
+                "eval.seeds_per_prompt=1", "eval.every=0", "eval.steps=2", "tensorboard=false", "lora.rank=4",
+                "lora.alpha=8", "epochs=1", f"rollout.precision.backend={base}",
+                f"rollout.explore_precision.backend={explore}", f"model.path={model_dir}", f"model.device={device}"]
+        cmd = [sys.executable, "-m", "solrl.up", "--redis-url", url, "--namespace", ns, "--threads", "1",
+               "--grace-s", "10", "--out", str(work / "run"), *[a for s in sets for a in ("--set", s)]]
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            log, _ = proc.communicate(timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)   # solrl up stops its services, then exits
+            try:
+                log, _ = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                log, _ = proc.communicate()
+            log, rc = (log or "") + f"\n(stopped after {timeout:.0f} s)", None
+        finally:
+            with contextlib.suppress(Exception):
+                import redis
+
+                client = redis.Redis.from_url(url)
+                keys = list(client.scan_iter(f"{ns}:*"))
+                if keys:
+                    client.delete(*keys)
+        seconds = time.perf_counter() - t0
+        metrics = work / "run" / "metrics.jsonl"
+        records = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+        epoch = next((r for r in records if r.get("epoch") == 1), None)
+        out = {"redis": why, "device": device, "explore_precision": explore, "returncode": rc, "wall_s": seconds,
+               "ok": rc == 0 and "trainer finished" in log, "epochs_recorded": len(records)}
+        if epoch:
+            out["epoch"] = {k: v for k, v in epoch.items() if isinstance(v, (int, float)) and
+                            any(k.startswith(p) for p in ("time_", "rollout.reward_mean", "train.loss", "epoch"))}
+        if not out["ok"]:
+            out["log_tail"] = log[-3000:]
+        return out
+
+
+def run_section(results: dict[str, Any], key: str, fn: Callable[[], dict[str, Any]]) -> None:
+    """Run one section into results[key]: its result and seconds, or its error and traceback."""
+    t0 = time.monotonic()
+    try:
+        results[key] = fn()
+    except Exception as err:
+        results[key] = {"error": error_text(err), "traceback": traceback.format_exc()[-3000:]}
+    results[key]["section_s"] = time.monotonic() - t0
+    free_memory()
+
+
+# -------------------------------------------------------------------- report
+
+def fmt(x: Any, spec: str = ".3g") -> str:
+    return "-" if x is None else format(x, spec) if isinstance(x, (int, float)) else str(x)
+
+
+def markdown(res: dict[str, Any]) -> str:
+    env = res.get("environment", {})
+    lines = [f"Mode: {'dry run (CPU, tiny configs, emulated backends)' if res['dry_run'] else 'GPU, full-size denoisers'}"
+             f"; {res['elapsed_s']:.0f} s of a {res['budget_s']:.0f} s budget.", ""]
+    if "error" in env:
+        lines += [f"Environment: error {env['error']}", ""]
+    else:
+        lines += ["## Environment", "", "| item | value |", "|---|---|"]
+        for k in ("torch", "cuda", "cudnn", "transformer_engine", "torchao", "diffusers", "peft", "gpu",
+                  "compute_capability", "gpu_memory_gib"):
+            lines.append(f"| {k} | {fmt(env.get(k), '')} |")
+        lines.append(f"| runnable precision backends | {', '.join(env.get('runnable_precision_backends', []))} |")
+        sdpa = env.get("sdpa", {})
+        lines.append(f"| SDPA (BF16 call) | {', '.join(f'{k}: {v}' for k, v in sdpa.get('runs_bf16', {}).items())};"
+                     f" likely {sdpa.get('likely_choice')} |")
+        lines.append("")
+    ex = res.get("explore", {})
+    lines += ["## Explore forward", ""]
+    if "error" in ex:
+        lines += [f"error: {ex['error']}", ""]
+    for b, why in ex.get("kernels_not_run", {}).items():
+        lines.append(f"- not run here: {b} ({why})")
+    if ex.get("kernels_not_run"):
+        lines.append("")
+    for name, r in ex.get("models", {}).items():
+        lines += [f"### {name} ({r['preset']}: micro-batch {res['micro_batch']}, {r['tokens']['image']} image + "
+                  f"{r['tokens']['text']} text tokens{', tiny config' if r['tiny'] else ''})", "",
+                  "| backend | stands in for | compiled | layers quantized | first call s | forward s | peak GiB |",
+                  "|---|---|---|---|---|---|---|"]
+        for row in r["runs"]:
+            if "forward_s" in row:
+                lines.append(f"| {row['backend']} | {fmt(row.get('stands_in_for'))} | {row['compiled']} | "
+                             f"{row['quantized_layers']} | {fmt(row['first_call_s'])} | {fmt(row['forward_s'])} | "
+                             f"{fmt(row['peak_gib'])} |")
+            else:
+                lines.append(f"| {row['backend']} | | {row['compiled']} | | | {row.get('error') or row.get('skipped')}"
+                             " | |")
+        if r.get("speedups"):
+            lines += ["", "| backend | compiled | measured x | plan estimate x | bound x (every Linear) | Linear share |",
+                      "|---|---|---|---|---|---|"]
+            for s in r["speedups"]:
+                p = s["plan"]
+                lines.append(f"| {s['backend']} | {s['compiled']} | {s['measured']:.2f} | {fmt(p.get('estimate'), '.2f')}"
+                             f" | {fmt(p.get('bound'), '.2f')} | {fmt(p.get('linear_share'), '.1%')} |")
+        lines.append("")
+    rl = res.get("reload", {})
+    lines += ["## Hot reload (merge + re-quantize)", ""]
+    if "error" in rl:
+        lines += [f"error: {rl['error']}", ""]
+    for name, r in rl.get("models", {}).items():
+        if "pushes" in r:
+            lines.append(f"- {name} ({rl['backend']}, LoRA rank {r['lora_rank']}, {r['adapter_bytes'] / 2**20:.1f} MiB):"
+                         f" push {r['pushes'][-1]['swap_ms']:.1f} ms = {r['share_of_explore_call']:.1%} of one explore"
+                         f" call; {r['share_with_first_call']:.1%} with the first call's extra time after the push")
+        else:
+            lines.append(f"- {name}: {r.get('error') or r.get('skipped')}")
+    lines.append("")
+    up = res.get("update", {})
+    lines += ["## One update (LoRA)", "", "| model | checkpointing | rows | update s | peak GiB |", "|---|---|---|---|---|"]
+    if "error" in up:
+        lines.insert(-3, f"error: {up['error']}")
+    for name, r in up.get("models", {}).items():
+        for x in r["runs"]:
+            peak = x.get("error") or x.get("skipped") or fmt(x.get("peak_gib"))
+            lines.append(f"| {name} | {x.get('requested_checkpointing')} | {x['rows']} | {fmt(x.get('update_s'))} | "
+                         f"{peak} |")
+    for name, r in up.get("models", {}).items():
+        if r.get("memory_per_row_gib") or r.get("plan_per_row_gib"):
+            lines.append(f"\n{name}: memory per row {json.dumps(r.get('memory_per_row_gib'))} GiB; plan's model "
+                         f"{json.dumps(r.get('plan_per_row_gib'))} GiB")
+    lines.append("")
+    sv = res.get("services", {})
+    lines += ["## One shapes epoch through the services", ""]
+    if "ok" in sv:
+        lines.append(f"{'ok' if sv['ok'] else 'FAILED'}: `solrl up` on {sv['device']} (explorer {sv['explore_precision']},"
+                     f" Redis: {sv['redis']}) in {sv['wall_s']:.1f} s")
+        if sv.get("epoch"):
+            lines.append(f"\nepoch 1: {', '.join(f'{k} {v:.3g}' for k, v in sv['epoch'].items())}")
+    else:
+        lines.append(str(sv.get("skipped") or sv.get("error")))
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, res: dict[str, Any], t0: float) -> None:
+    """OUT/gpu_check.json and .md through the benchmarks' writer (with its machine description); where that writer
+    cannot be imported or run, the same files with a short machine line, so a result is never lost to it."""
+    res["elapsed_s"] = time.monotonic() - t0
+    try:
+        md = markdown(res)
+    except Exception as err:   # the json keeps every number even where the report cannot be formatted
+        md = f"The report could not be formatted ({error_text(err)}); gpu_check.json holds every number.\n"
+    try:
+        from solrl.bench.common import write_results
+
+        write_results(out, "gpu_check", res, md)
+    except Exception as err:
+        out.mkdir(parents=True, exist_ok=True)
+        full = {"bench": "gpu_check", "machine": {"error": error_text(err), "torch": torch.__version__,
+                                                 "gpu": torch.cuda.get_device_name(0) if cuda() else None}, **res}
+        (out / "gpu_check.json").write_text(json.dumps(full, indent=2) + "\n")
+        (out / "gpu_check.md").write_text(f"# solrl gpu_check\n\nMachine: {full['machine']}\n\n{md}")
+
+
+# -------------------------------------------------------------------- main
+
+SECTIONS = ("environment", "explore", "reload", "update", "services")
+# shares of the budget (the explore section takes what the others leave; each model gets an equal part of it)
+SHARES = {"reload": 0.08, "update": 0.15, "services": 0.12}
+
+
+def run(out: Path, *, dry_run: bool, budget_s: float, micro_batch: int | None = None, repeats: int | None = None,
+        models: tuple[str, ...] = MODELS, sections: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
+    t0 = time.monotonic()
+    budget = Budget(budget_s)
+    if not dry_run and not cuda():
+        raise SystemExit("gpu-check: no CUDA device here; run with --dry-run for the CPU check")
+    device = torch.device("cpu" if dry_run else "cuda")
+    if device.type == "cuda":
+        from solrl.precision import allow_tf32
+
+        allow_tf32(device)
+    from solrl.config import get_preset
+
+    mb = micro_batch or (2 if dry_run else get_preset(PRESETS[models[0]]).rollout.micro_batch)
+    setup = Setup(tiny=dry_run, device=device, dtype=torch.float32 if dry_run else torch.bfloat16, micro_batch=mb,
+                  repeats=repeats or (1 if dry_run else 3), compile_backend="eager" if dry_run else "inductor")
+    res: dict[str, Any] = {"dry_run": dry_run, "budget_s": budget_s, "micro_batch": mb, "repeats": setup.repeats,
+                           "compile_backend": setup.compile_backend, "models": list(models)}
+    out = Path(out)
+    work = Path(tempfile.mkdtemp(prefix="solrl-gpu-check-"))
+    rest = sum(SHARES[s] for s in SECTIONS if s in sections and s in SHARES) * budget_s
+    try:
+        if "environment" in sections:
+            run_section(res, "environment", lambda: environment(device))
+            write(out, res, t0)
+        if "explore" in sections:
+            def partial(r: dict[str, Any]) -> None:
+                res["explore"] = {**r, "partial": True}
+                write(out, res, t0)
+
+            run_section(res, "explore", lambda: explore_section(setup, budget, budget.left() - rest, models, partial))
+            write(out, res, t0)
+        if "reload" in sections:
+            run_section(res, "reload", lambda: reload_section(setup, budget, SHARES["reload"] * budget_s, models,
+                                                              res.get("explore")))
+            write(out, res, t0)
+        if "update" in sections:
+            run_section(res, "update", lambda: update_section(setup, budget, SHARES["update"] * budget_s, models))
+            write(out, res, t0)
+        if "services" in sections:
+            run_section(res, "services", lambda: services_section(setup, budget, budget.left(), work))
+            write(out, res, t0)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m solrl.gpu_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT") or "runs/gpu-check",
+                   help="directory for gpu_check.json / gpu_check.md (default: $OUT, else runs/gpu-check)")
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny configs, emulated backends (what make test runs)")
+    p.add_argument("--budget-s", type=float, default=None, help="whole-run time budget (default 480; dry run 240)")
+    p.add_argument("--micro-batch", type=int, default=None, help="explore micro-batch (default: the presets', 24)")
+    p.add_argument("--repeats", type=int, default=None, help="timed calls after the first (default 3; dry run 1)")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
+    a = p.parse_args(argv)
+    models = tuple(m for m in a.models.split(",") if m)
+    sections = tuple(s for s in a.sections.split(",") if s)
+    bad = [m for m in models if m not in MODELS] + [s for s in sections if s not in SECTIONS]
+    if bad:
+        p.error(f"unknown model or section: {bad}")
+    budget = a.budget_s or (240.0 if a.dry_run else 480.0)
+    res = run(Path(a.out), dry_run=a.dry_run, budget_s=budget, micro_batch=a.micro_batch, repeats=a.repeats,
+              models=models, sections=sections)
+    print((Path(a.out) / "gpu_check.md").read_text())
+    failed = [k for k in SECTIONS if isinstance(res.get(k), dict) and "error" in res[k]]
+    print(f"gpu-check: wrote {Path(a.out) / 'gpu_check.json'}; sections with an error: {failed or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
