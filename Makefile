@@ -34,8 +34,9 @@ lint: $(STAMP)
 # module's services start once; handed out in collection order, which tests/conftest.py sets: longest files first);
 # 1 runs them in this process, one after another
 TEST_WORKERS ?= 3
+XDIST := $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: protos lint
-	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+	$(BIN)/python -m pytest -q $(XDIST)
 
 # The hpsv3 reward's own environment (.venv/hpsv3: transformers 4.45.2, docs/rewards.md): tests/test_hpsv3.py
 # runs its reward service from there and skips, saying so, where it was not built (CI builds it: .ci/run)
@@ -47,7 +48,7 @@ test-compose: protos
 	$(BIN)/python -m pytest -q -m compose tests/test_compose_engine.py
 
 test-fast: protos
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(XDIST)
 
 clean:
 	rm -rf runs .pytest_cache

@@ -20,7 +20,8 @@ def pytest_configure(config):
 # first, so that under pytest-xdist (make test: whole files per worker, handed out in collection order) they start
 # at once instead of one of them running on alone at the end.
 HEAVY_FILES = ("test_learning.py", "test_bench_curve.py", "test_deploy.py", "test_bench.py", "test_faults.py",
-               "test_gpu_deploy.py", "test_proxy.py", "test_pretrain.py", "test_trainer_service_ddp.py", "test_hpsv3.py")
+               "test_gpu_deploy.py", "test_proxy.py", "test_pretrain.py", "test_gpu_check.py", "test_trainer_service_ddp.py",
+               "test_hpsv3.py")
 
 
 def pytest_collection_modifyitems(config, items):
