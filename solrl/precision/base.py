@@ -313,6 +313,13 @@ def select_linear_layers(model: nn.Module, cfg: PrecisionConfig, block_size: int
     return names
 
 
+def select_gemm_layers(model: nn.Module, cfg: PrecisionConfig, block_size: int) -> list[str]:
+    """`select_linear_layers` less the layers whose out_features is not a multiple of `block_size` either: what a
+    real FP8 / FP4 GEMM (Transformer Engine's, `torch._scaled_mm`) takes, both dimensions in whole blocks."""
+    return [n for n in select_linear_layers(model, cfg, block_size)
+            if model.get_submodule(n).out_features % block_size == 0]
+
+
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
     """Put `new` at dotted path `name` inside `model`."""
     parent_name, _, child = name.rpartition(".")

@@ -36,7 +36,7 @@ from solrl.precision.base import (
     is_plain_linear,
     register_backend,
     replace_module,
-    select_linear_layers,
+    select_gemm_layers,
 )
 from solrl.precision.emulated import packed_nbytes
 from solrl.precision.emulated_te import fp8_current_scaling
@@ -170,8 +170,7 @@ class FP8TorchaoBackend(Bf16Backend):
 
     def selected_layers(self, model: nn.Module) -> list[str]:
         """nn.Linear names kept by the policy whose in and out features are multiples of 16."""
-        names = select_linear_layers(model, self.cfg, self.block_size)
-        return [n for n in names if model.get_submodule(n).out_features % self.block_size == 0]
+        return select_gemm_layers(model, self.cfg, self.block_size)
 
     def check_environment(self) -> None:
         """Raise RuntimeError unless CUDA and an FP8-capable GPU are there."""

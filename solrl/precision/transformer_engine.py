@@ -26,7 +26,7 @@ from solrl.precision.base import (
     is_plain_linear,
     register_backend,
     replace_module,
-    select_linear_layers,
+    select_gemm_layers,
 )
 from solrl.precision.reference import Bf16Backend
 
@@ -219,8 +219,7 @@ class TransformerEngineBackend(Bf16Backend):
 
     def selected_layers(self, model: nn.Module) -> list[str]:
         """nn.Linear names kept by skip / min_features whose in and out features are multiples of 16."""
-        names = select_linear_layers(model, self.cfg, self.block_size)
-        return [n for n in names if model.get_submodule(n).out_features % self.block_size == 0]
+        return select_gemm_layers(model, self.cfg, self.block_size)
 
     def check_environment(self) -> None:
         """Raise RuntimeError unless CUDA, the compute capability and TE are all there."""
