@@ -276,12 +276,21 @@ def explore_precision(name: str, backend: str, tiny: bool):
     return with_model_skips(pc, fam.quant_skip, TINY_MIN_FEATURES if tiny else fam.quant_min_features)
 
 
+def is_kernel_backend(name: str) -> bool:
+    """Whether registered backend `name` computes FP8 or FP4 with real kernels (not an emulation)."""
+    from solrl.plan import precision_format
+    from solrl.precision import BACKENDS
+
+    return (precision_format(name) in ("fp8", "fp4") and BACKENDS[name].emulates is None
+            and not name.endswith("-emu"))
+
+
 def lowp_backends(device: torch.device) -> list[dict[str, str]]:
     """The low-precision backends to measure: on a GPU every registered backend that runs here and computes FP8 or
     FP4 with real kernels (not an emulation), found through the registry so a new one is picked up; on the CPU
     the emulations standing in for FP8 and NVFP4."""
     from solrl.plan import precision_format
-    from solrl.precision import BACKENDS, PrecisionConfig, available_backends, build_backend, runnable_backends
+    from solrl.precision import PrecisionConfig, available_backends, build_backend, runnable_backends
 
     if device.type != "cuda":
         return [{"backend": b, "stands_in_for": k, "format": precision_format(k)} for b, k in STAND_INS.items()]
@@ -289,8 +298,7 @@ def lowp_backends(device: torch.device) -> list[dict[str, str]]:
     runnable = runnable_backends()
     out = []
     for b in runnable:
-        cls = BACKENDS[b]
-        if precision_format(b) not in ("fp8", "fp4") or cls.emulates is not None or b.endswith("-emu"):
+        if not is_kernel_backend(b):
             continue
         # a name the registry builds as another backend here (fp8 without Transformer Engine): measured once
         built = getattr(build_backend(PrecisionConfig(b)), "name", b)
@@ -303,12 +311,11 @@ def lowp_backends(device: torch.device) -> list[dict[str, str]]:
 
 def kernels_not_run() -> dict[str, str]:
     """The registered FP8 / FP4 kernel backends (not emulations) that cannot run here, and why."""
-    from solrl.plan import precision_format
-    from solrl.precision import BACKENDS, PrecisionConfig, available_backends, build_backend
+    from solrl.precision import PrecisionConfig, available_backends, build_backend
 
     out = {}
     for b in available_backends():
-        if precision_format(b) not in ("fp8", "fp4") or BACKENDS[b].emulates is not None or b.endswith("-emu"):
+        if not is_kernel_backend(b):
             continue
         try:
             getattr(build_backend(PrecisionConfig(b)), "check_environment", lambda: None)()
