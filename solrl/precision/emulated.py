@@ -151,13 +151,18 @@ class EmuQuantLinear(QuantLinear):
         )
 
 
+def round_e2m1_magnitude_(a: torch.Tensor) -> torch.Tensor:
+    """Round non-negative values in [0, 6] to the E2M1 grid {0, 0.5, 1, 1.5, 2, 3, 4, 6} in place, ties to the even
+    encoding, as a hardware cast does. The grid spacing is 0.5 below 2, 1 in [2, 4), 2 from 4: torch.round (half to
+    even) on value / spacing gives round-half-to-even mantissas on each segment. In place because the emulated
+    explorer runs it on every activation of every forward (each pass over the tensor is time on a CPU)."""
+    step = (a >= 2).to(a.dtype).add_(1).mul_((a >= 4).to(a.dtype).add_(1)).mul_(0.5)
+    return a.div_(step).round_().mul_(step)
+
+
 def round_e2m1(x: torch.Tensor) -> torch.Tensor:
-    """Round values in [-6, 6] to the E2M1 grid {0, 0.5, 1, 1.5, 2, 3, 4, 6} (and negatives), ties to
-    the even encoding, as a hardware cast does. The grid spacing is 0.5 below 2, 1 in [2, 4), 2 from 4:
-    torch.round (half to even) on value / spacing gives round-half-to-even mantissas on each segment."""
-    a = x.abs()
-    step = ((a >= 2).to(a.dtype) + 1) * ((a >= 4).to(a.dtype) + 1) * 0.5
-    return torch.copysign(a.div_(step).round_().mul_(step), x)
+    """Round values in [-6, 6] to the E2M1 grid (round_e2m1_magnitude_ on |x|, x's sign kept)."""
+    return torch.copysign(round_e2m1_magnitude_(x.abs()), x)
 
 
 class NVFP4EmuLinear(EmuQuantLinear):
@@ -190,15 +195,19 @@ class NVFP4EmuLinear(EmuQuantLinear):
         path packs and unpacks nibbles, ~5x slower here). It repeats torchao's float operations in
         the same order (`nvfp4_quantize`, then `dequantize`), so the result is bit-identical to
         `to_nvfp4(...).dequantize(float32)`; tests/test_precision.py checks that."""
-        amax = t_MK.abs().amax()
-        amax = torch.where(amax > 0, amax, torch.ones_like(amax))
-        pts = per_tensor_amax_to_scale(amax)
         m, k = t_MK.shape
         blocks = t_MK.float().reshape(m, k // cls.block_size, cls.block_size)
-        block_scale = blocks.abs().amax(dim=-1) / F4_E2M1_MAX
+        mag = blocks.abs()  # |x| once: the block maxima, their maximum (the tensor's amax), and the values' magnitudes
+        block_amax = mag.amax(dim=-1)
+        amax = block_amax.amax()
+        amax = torch.where(amax > 0, amax, torch.ones_like(amax))
+        pts = per_tensor_amax_to_scale(amax)
+        block_scale = block_amax / F4_E2M1_MAX
         s8 = torch.clamp(block_scale / pts, min=E4M3_EPS, max=F8E4M3_MAX).to(torch.float8_e4m3fn).float()
-        scaled = torch.clamp(blocks * ((1.0 / pts) / s8).unsqueeze(-1), -F4_E2M1_MAX, F4_E2M1_MAX)
-        return (round_e2m1(scaled) * (pts * s8).unsqueeze(-1)).reshape(m, k)
+        # |x * s| = |x| * s for the positive scale s, and clamping to [-6, 6] then taking |.| is min(|.|, 6): the
+        # magnitudes are scaled, clamped and rounded in place, and x's signs put back at the end
+        mag.mul_(((1.0 / pts) / s8).unsqueeze(-1)).clamp_(max=F4_E2M1_MAX)
+        return round_e2m1_magnitude_(mag).copysign_(blocks).mul_((pts * s8).unsqueeze(-1)).reshape(m, k)
 
 
 class MXFP4EmuLinear(EmuQuantLinear):
