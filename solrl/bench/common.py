@@ -13,6 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+# `--small` runs of the training benchmarks (what the tests run): few sampling steps, so a run's forwards (explore,
+# regenerate, each trained sample's timesteps, evaluation) are a fraction of the preset's; the properties the tests
+# assert (files, intervals, costs, marked regions) do not depend on the step counts
+SMALL_STEPS = ["rollout.explore_steps=2", "rollout.steps=4", "eval.steps=4"]
+
 
 def machine() -> dict[str, Any]:
     """CPU model, cores, memory and library versions of the machine a benchmark ran on."""

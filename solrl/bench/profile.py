@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from solrl.bench.common import write_results
+from solrl.bench.common import SMALL_STEPS, write_results
 from solrl.config import apply_overrides, get_preset
 from solrl.loop import Session
 
@@ -70,7 +70,7 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     n_epochs = epochs or (1 if small else 3)
     sets = [f"seed={seed}", "tensorboard=false", *overrides]
     if small:
-        sets = ["rollout.prompts_per_epoch=2", "rollout.pool=4", "rollout.kept=2", *sets]
+        sets = ["rollout.prompts_per_epoch=2", "rollout.pool=4", "rollout.kept=2", *SMALL_STEPS, *sets]
     cfg = apply_overrides(get_preset("shapes-sol-rl"), sets).validate()
     sess = Session.build(cfg)
     warm = sess.epoch(0) if not small else None  # small (the tests): no warm-up, the timings are not the point
