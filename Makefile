@@ -1,11 +1,12 @@
-# solrl — the two set-up commands are `make demo` and `make test`; both create .venv on first use.
+# solrl — the two set-up commands are `make demo` and `make test`; both create .venv on first use. CI runs
+# `make test-all` (both test tiers).
 PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv protos demo test test-fast test-compose lint clean hpsv3-env
+.PHONY: venv protos demo test test-slow test-all test-compose lint clean hpsv3-env
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,10 +33,19 @@ lint: $(STAMP)
 
 # pytest-xdist: test files spread over TEST_WORKERS processes (a file's tests stay together, in order, so a
 # module's services start once; handed out in collection order, which tests/conftest.py sets: longest files first);
-# 1 runs them in this process, one after another
+# 1 runs them in this process, one after another.
+# Two tiers: `make test` runs every test not marked `slow` (about 12 minutes on two cores); `make test-slow` the
+# end-to-end runs of a minute or more each (the learning run, the compose stack with a trainer restart, solrl up,
+# the faults, the GPU check's dry run, the benchmarks' curves); `make test-all` both in one pass, as CI runs them.
 TEST_WORKERS ?= 3
 XDIST := $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: protos lint
+	$(BIN)/python -m pytest -q -m "not slow" $(XDIST)
+
+test-slow: protos
+	$(BIN)/python -m pytest -q -m slow $(XDIST)
+
+test-all: protos lint
 	$(BIN)/python -m pytest -q $(XDIST)
 
 # The hpsv3 reward's own environment (.venv/hpsv3: transformers 4.45.2, docs/rewards.md): tests/test_hpsv3.py
@@ -46,9 +56,6 @@ hpsv3-env: $(STAMP)
 # docker-compose.cpu.yml on a real Docker engine (docker SDK): build, up, 2 epochs + a trainer restart, down
 test-compose: protos
 	$(BIN)/python -m pytest -q -m compose tests/test_compose_engine.py
-
-test-fast: protos
-	$(BIN)/python -m pytest -q -m "not slow" $(XDIST)
 
 clean:
 	rm -rf runs .pytest_cache

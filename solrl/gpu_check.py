@@ -24,7 +24,7 @@ measured):
 `--dry-run` runs the same code on the CPU with tiny configs of the same diffusers classes (a few layers, width 64),
 one repeat, the emulated backends (`fp8-e4m3-emu`, `nvfp4-emu`) standing in for the kernels and torch.compile with
 its "eager" backend (tracing only); the json names the backend that ran and what it stands in for. tests/
-test_gpu_check.py runs it inside `make test`, so the GPU path cannot rot.
+test_gpu_check.py runs it inside `make test-slow` (and CI), so the GPU path cannot rot.
 """
 
 from __future__ import annotations
@@ -905,7 +905,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m solrl.gpu_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT") or "runs/gpu-check",
                    help="directory for gpu_check.json / gpu_check.md (default: $OUT, else runs/gpu-check)")
-    p.add_argument("--dry-run", action="store_true", help="CPU, tiny configs, emulated backends (what make test runs)")
+    p.add_argument("--dry-run", action="store_true", help="CPU, tiny configs, emulated backends (what make test-slow runs)")
     p.add_argument("--budget-s", type=float, default=None, help="whole-run time budget (default 480; dry run 240)")
     p.add_argument("--micro-batch", type=int, default=None, help="explore micro-batch (default: the presets', 24)")
     p.add_argument("--repeats", type=int, default=None, help="timed calls after the first (default 3; dry run 1)")
