@@ -274,6 +274,28 @@ def _device_ids(svc: dict) -> list[str]:
     return [g for d in devices for g in d["device_ids"]]
 
 
+def _trainer_run_config(services: dict):
+    """The run config the file's trainer service resolves from its own environment (SOLRL_PRESET, SOLRL_SET)."""
+    parser = argparse.ArgumentParser()
+    trainer_server.add_arguments(parser, {k: str(v) for k, v in services["trainer"]["environment"].items()})
+    return trainer_server.run_config(parser.parse_args(["--out", "/tmp/unused"]))[0]
+
+
+@pytest.mark.parametrize("name, layout", [("docker-compose.yml", "disaggregated"),
+                                          ("docker-compose.colocated.yml", "colocated")])
+def test_gpu_compose_header_predicts_the_run_its_trainer_starts(name, layout, cuda_stand_in):
+    """The header's predicted epoch and stage times are the plan of the run the file's trainer resolves from its
+    own environment: the preset as it trains now (no KL term, so no reference forward in the train stage), not
+    only the output of the command the header names."""
+    from solrl.layouts import _plan_lines
+
+    cfg = _trainer_run_config(compose_services(name))
+    assert cfg.train.kl_beta == 0   # the shapes preset: the train stage prices 4 passes, not 5
+    predicted = _plan_lines(_plan(cfg, "b200", layout))[1]   # "predicted epoch ... (explore ..., train ...)."
+    header = [line[2:] for line in (ROOT / name).read_text().splitlines()[:8] if line.startswith("# ")]
+    assert predicted in header, (predicted, header)
+
+
 @pytest.mark.parametrize("name, layout", [("docker-compose.yml", "disaggregated"),
                                           ("docker-compose.colocated.yml", "colocated")])
 def test_gpu_compose_places_the_roles_as_the_plan_does(name, layout, cuda_stand_in):
@@ -281,10 +303,7 @@ def test_gpu_compose_places_the_roles_as_the_plan_does(name, layout, cuda_stand_
     gives the file's GPUs: explorer and regenerator replicas, the trainer's torchrun ranks (one GPU each)."""
     services = compose_services(name)
     trainer = services["trainer"]
-    parser = argparse.ArgumentParser()
-    trainer_server.add_arguments(parser, {k: str(v) for k, v in trainer["environment"].items()})
-    cfg = trainer_server.run_config(parser.parse_args(["--out", "/tmp/unused"]))[0]
-    best = _plan(cfg, "b200", layout).best
+    best = _plan(_trainer_run_config(services), "b200", layout).best
     assert best.kind == layout
     gpus = {n: _device_ids(svc) for n, svc in services.items() if n != "redis"}
     explorers = [n for n in gpus if role_of(n) == "explorer"]
