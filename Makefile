@@ -34,7 +34,7 @@ lint: $(STAMP)
 # pytest-xdist: test files spread over TEST_WORKERS processes (a file's tests stay together, in order, so a
 # module's services start once; handed out in collection order, which tests/conftest.py sets: longest files first);
 # 1 runs them in this process, one after another.
-# Two tiers: `make test` runs every test not marked `slow` (about 12 minutes on two cores); `make test-slow` the
+# Two tiers: `make test` runs every test not marked `slow` (about 11 minutes on an idle 2-core machine); `make test-slow` the
 # end-to-end runs of a minute or more each (the learning run, the compose stack with a trainer restart, solrl up,
 # the faults, the GPU check's dry run, the benchmarks' curves); `make test-all` both in one pass, as CI runs them.
 TEST_WORKERS ?= 3

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from solrl.bench.common import SMALL_STEPS, write_results
+from solrl.bench.common import SMALL_SAMPLING, write_results
 from solrl.config import apply_overrides, get_preset
 from solrl.loop import train
 
@@ -32,7 +32,7 @@ def run(out: Path, small: bool = False, epochs: int | None = None, prompts: int 
               f"rollout.prompts_per_epoch={n_prompts}", f"rollout.kept={kept}"]
     if small:
         common += ["eval.prompts=4", "eval.seeds_per_prompt=1", "lora.rank=4", "lora.alpha=8", "train.micro_batch=8",
-                   *SMALL_STEPS[1:]]  # the explore steps are what this bench varies
+                   *SMALL_SAMPLING]  # not SMALL_STEPS: the explore steps are what this bench varies
     settings = [("pool", p, [f"rollout.pool={p}"]) for p in pools]
     settings += [("explore_steps", s, [f"rollout.pool={fixed_pool}", f"rollout.explore_steps={s}"]) for s in steps]
     rows = []

@@ -253,7 +253,7 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
         name = f"curve-{reward}"
     if small:
         sets += ["rollout.prompts_per_epoch=2", "rollout.pool=6", "rollout.kept=4", "eval.prompts=4",
-                 "eval.seeds_per_prompt=1", "lora.rank=4", "lora.alpha=8", "train.micro_batch=8"] + SMALL_STEPS
+                 "eval.seeds_per_prompt=1", "lora.rank=4", "lora.alpha=8", "train.micro_batch=8", *SMALL_STEPS]
     import os
 
     per_run = threads or (max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0)

@@ -192,8 +192,9 @@ class NVFP4EmuLinear(EmuQuantLinear):
     @classmethod
     def fake_quantize(cls, t_MK: torch.Tensor) -> torch.Tensor:
         """NVFP4 quantize -> dequantize without packing (written by hand for CPU speed: torchao's
-        path packs and unpacks nibbles, ~5x slower here). It repeats torchao's float operations in
-        the same order (`nvfp4_quantize`, then `dequantize`), so the result is bit-identical to
+        path packs and unpacks nibbles, ~5x slower here). It does torchao's float operations
+        (`nvfp4_quantize`, then `dequantize`) in their order, except that |x| is taken once and the
+        sign put back at the end (max and sign are exact), so the result is bit-identical to
         `to_nvfp4(...).dequantize(float32)`; tests/test_precision.py checks that."""
         m, k = t_MK.shape
         blocks = t_MK.float().reshape(m, k // cls.block_size, cls.block_size)
