@@ -21,6 +21,13 @@ def _steps(text: str) -> tuple[int, ...]:
     return steps
 
 
+def _pools(text: str) -> tuple[int, ...]:
+    try:
+        return _steps(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"--pools must be comma-separated positive integers, got {text!r}") from None
+
+
 def cmd_train(a: argparse.Namespace) -> int:
     from solrl import ddp
     from solrl.loop import train
@@ -239,7 +246,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
         kw["overrides"] = tuple(a.sets)
     if a.models:
         kw["models"] = tuple(x for x in a.models.split(",") if x)
-    if a.name == "curve" and a.threads:
+    if a.arms:
+        kw["arms"] = tuple(x for x in a.arms.split(",") if x)
+    if a.pools:
+        kw["pools"] = a.pools
+    if a.name in ("curve", "selection") and a.threads:
         kw["threads"] = a.threads  # per run: the runs set their own torch threads
     try:
         result = run_bench(a.name, Path(a.out), small=a.small, **kw)
@@ -509,7 +520,8 @@ def _build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", type=int, default=None,
                    help="ranking / relations: held-out prompts; rollout / ablate: prompts per epoch")
     b.add_argument("--seeds", type=int, default=None, help="ranking / relations: seeds per prompt")
-    b.add_argument("--epochs", type=int, default=None, help="rollout / curve / ablate / serve: epochs per mode or setting")
+    b.add_argument("--epochs", type=int, default=None,
+                   help="rollout / curve / ablate / serve / selection: epochs per mode, setting or arm")
     b.add_argument("--precisions", default=None,
                    help="ranking: comma-separated proxy precisions; NAME@2/6 limits one to those explore steps")
     b.add_argument("--steps", type=_steps, default=None, help="ranking: comma-separated explore steps; "
@@ -521,13 +533,18 @@ def _build_parser() -> argparse.ArgumentParser:
                                                   "curve: train on this reward (default: shapes); shapes-world rewards "
                                                   "are evaluated with the exact shapes reward")
     b.add_argument("--repeats", type=int, default=None,
-                   help="curve: training runs (run seeds) per mode (default 3); cli: runs per command (default 5)")
+                   help="curve / selection: training runs (run seeds) per mode or arm (default 3); cli: runs per command "
+                        "(default 5)")
     b.add_argument("--jobs", type=int, default=None,
-                   help="curve: training runs at once, in separate processes (default 1); with --threads, threads per run, "
+                   help="curve / selection: training runs at once, in separate processes (default 1); with --threads, threads "
+                        "per run, "
                         "else the cores shared out; finished runs under --out are reused")
     b.add_argument("--modes", default=None,
                    help="curve: comma-separated modes to train (default the paper's four; sol_rl_auto: sol_rl with "
                         "the adaptive proxy; flow_grpo / sol_flow_grpo: FlowGRPO one- / two-stage)")
+    b.add_argument("--arms", default=None,
+                   help="selection: comma-separated arms (default all: none, random, oracle, proxy_bf16, proxy_nvfp4)")
+    b.add_argument("--pools", type=_pools, default=None, help="selection: comma-separated pool sizes n (default 16)")
     b.add_argument("--compare", default=None,
                    help="curve: an earlier curve JSON measured with the same settings whose modes are set beside these")
     b.add_argument("--device", default=None, help="pretrain_sweep: train (and track) on this torch device, e.g. cuda; "
@@ -536,7 +553,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="relations: comma-separated shapes model directories (default: the bundled base), e.g. "
                         "solrl shapes pretrain's step_NNNNN")
     b.add_argument("--set", dest="sets", action="append", default=None, metavar="KEY=VALUE",
-                   help="curve: a config override for every run (repeat), e.g. train.beta=0.5")
+                   help="curve / selection: a config override for every run (repeat), e.g. train.beta=0.5")
     b.set_defaults(fn=cmd_bench)
 
     sv = sub.add_parser("serve", help="run one service role (what containers run)")

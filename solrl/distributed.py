@@ -32,7 +32,7 @@ from solrl.adapters.wire import sha256_hex
 from solrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from solrl.config import RunConfig
 from solrl.evaluate import eval_metrics
-from solrl.loop import Session, _save_eval, epoch_rng, proxy_agreement, selection_contrast
+from solrl.loop import Session, _save_eval, epoch_rng, proxy_agreement, selection_contrast, trained_spread
 from solrl.queue import Queue
 from solrl.telemetry import MetricsWriter
 from solrl.trainer import Batch
@@ -239,7 +239,8 @@ class RemoteSession:
         rec.update({"rollout.reward_mean": float(rewards.mean()), "rollout.reward_std": float(rewards.std()),
                     "explore.kept_proxy_mean": float(proxy.mean()),
                     **proxy_agreement(proxy, rewards.reshape(len(prompts), r.kept)),
-                    **selection_contrast(rewards.reshape(len(prompts), r.kept), r.selection)})
+                    **selection_contrast(rewards.reshape(len(prompts), r.kept), r.selection),
+                    **trained_spread(rewards.reshape(len(prompts), r.kept))})
 
         t0 = time.perf_counter()
         per_sample = [prompts[p] for p in group]

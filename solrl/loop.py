@@ -283,8 +283,12 @@ class Session:
         prompts, groups, trajectories, log-probs) of the trained samples; the stage metrics go into `rec`."""
         r = self.cfg.rollout
         prompts = self.prompt_sampler(rng, r.prompts_per_epoch)
+        # diffusion_nft trains k seeds a prompt, the first k of the pool the other modes draw when its pool is set
+        # larger (rollout.pool > kept): a run seed then gives every mode the same prompts and initial noise
+        # (`solrl bench selection` pairs its arms so); with pool <= kept it draws k seeds, as before
         pool = r.kept if r.mode == "diffusion_nft" else r.pool
-        seeds = rng.integers(0, 2**31 - 1, size=(len(prompts), pool)).tolist()
+        seeds = rng.integers(0, 2**31 - 1, size=(len(prompts), max(r.pool, pool))).tolist()
+        seeds = [row[:pool] for row in seeds]
         on_stage("sync")
         rec["time_sync_s"] = self.sync()
         mb = r.micro_batch
@@ -339,6 +343,7 @@ class Session:
         rec["rollout.reward_std"] = float(np.std(data_r))
         if r.mode != "diffusion_nft":
             rec.update(selection_contrast(np.asarray(data_r).reshape(len(prompts), r.kept), r.selection))
+        rec.update(trained_spread(np.asarray(data_r).reshape(len(prompts), -1)))
         rec["forwards_rollout_total"] = rec.get("forwards_explore", 0) + rec["forwards_regenerate"]
         return data_x0, data_r, data_p, group, data_traj, data_lp
 
@@ -381,6 +386,19 @@ def selection_contrast(kept_rewards: np.ndarray, selection: str) -> dict[str, fl
     h = kept_rewards.shape[1] // 2
     return {"rollout.reward_best_half": float(kept_rewards[:, :h].mean()),
             "rollout.reward_worst_half": float(kept_rewards[:, h:].mean())}
+
+
+def trained_spread(rewards: np.ndarray) -> dict[str, float]:
+    """What a prompt group of trained rewards ([P, k]) offers the advantages, whatever chose it: the mean within-group
+    (population) std, and the mean gap between the better and the worse half of each group sorted by its own reward
+    (with best_worst selection and a proxy that ranks right, the kept contrast; with no selection, what k draws
+    happen to spread)."""
+    if rewards.ndim != 2 or rewards.shape[1] < 2:
+        return {}
+    h = rewards.shape[1] // 2
+    ordered = np.sort(rewards, axis=1)
+    return {"rollout.group_std": float(rewards.std(axis=1).mean()),
+            "rollout.half_gap": float((ordered[:, -h:].mean(axis=1) - ordered[:, :h].mean(axis=1)).mean())}
 
 
 def proxy_agreement(proxy: np.ndarray, bf16_rewards: np.ndarray) -> dict[str, float]:

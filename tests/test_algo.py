@@ -46,6 +46,7 @@ def test_nft_loss_by_hand_beta_one():
     assert stats["policy"] == pytest.approx(policy, rel=1e-6)
     assert stats["kl"] == pytest.approx(0.13, rel=1e-6)
     assert stats["r_mean"] == pytest.approx(0.75) and stats["adv_clip_frac"] == 0.0
+    assert stats["drift_old"] == pytest.approx((0.2**2 + 0.4**2) / 2, rel=1e-6)  # mean (v - v_old)^2, v_old = 0
 
 
 def test_nft_loss_by_hand_beta_half():

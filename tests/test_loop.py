@@ -130,6 +130,40 @@ def test_training_changes_the_adapter_and_old_follows(random_model_dir):
     assert rec["adapter_version"] == 0 and sess.version == 1
 
 
+def test_no_selection_trains_the_first_k_seeds_of_the_pool_the_other_modes_draw(random_model_dir):
+    """A run seed gives diffusion_nft (pool set above kept) and the selecting modes the same prompts and pool of noises:
+    its k trained samples of each prompt are the first k of the pool naive_scaling samples (kept = pool: all of it)."""
+    from solrl.loop import epoch_rng
+
+    def first_epoch(extra):
+        sess = Session.build(tiny_cfg(random_model_dir, extra=extra))
+        rng, tgen = epoch_rng(sess.cfg.seed, 0, 0)
+        with sess.sampling_adapter():
+            x0, rewards, prompts, group, *_ = sess.rollouts(rng, tgen, {})
+        return x0, prompts, group
+
+    none_x0, none_p, none_g = first_epoch(["rollout.mode=diffusion_nft"])
+    all_x0, all_p, all_g = first_epoch(["rollout.mode=naive_scaling", "rollout.kept=6"])
+    assert len(none_x0) == 2 * 4 and len(all_x0) == 2 * 6 and sorted(set(none_p)) == sorted(set(all_p))
+    for g in set(none_g):
+        mine = none_x0[[i for i, x in enumerate(none_g) if x == g]]
+        pool = all_x0[[i for i, x in enumerate(all_g) if x == g]]
+        # each trained sample is one of the pool's (naive_scaling orders its kept by reward), and they are distinct
+        match = [int(torch.cdist(m.reshape(1, -1), pool.reshape(len(pool), -1)).argmin()) for m in mine]
+        assert len(set(match)) == 4
+        for m, j in zip(mine, match):
+            torch.testing.assert_close(m, pool[j], rtol=0, atol=1e-5)
+
+
+def test_trained_spread_reads_each_groups_halves():
+    from solrl.loop import trained_spread
+
+    got = trained_spread(np.array([[0.0, 1.0, 0.5, 0.5], [0.2, 0.2, 0.2, 0.2]]))
+    assert got["rollout.half_gap"] == pytest.approx((0.75 - 0.25 + 0.0) / 2)
+    assert got["rollout.group_std"] == pytest.approx((np.std([0, 1, 0.5, 0.5]) + 0.0) / 2)
+    assert trained_spread(np.array([[0.3], [0.4]])) == {}
+
+
 def test_run_dir_outputs(random_model_dir, tmp_path):
     run = tmp_path / "r"
     train(tiny_cfg(random_model_dir, extra=["tensorboard=true"]), run, progress=False, log=lambda *_: None)

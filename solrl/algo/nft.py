@@ -112,6 +112,9 @@ def nft_loss(
         "adv_clip_frac": float((advantages.abs() > clip).double().mean()),
         "r_mean": float(r.double().mean()),
         "nonfinite": 0.0 if finite else 1.0,
+        # how far the trained velocity has moved from the old adapter's (mean squared difference): the drift one
+        # optimizer step buys, measured without the reference forward the KL term needs
+        "drift_old": float(((v.detach() - v_old) ** 2).mean()),
     }
     if kl is not None:
         stats["kl"] = float(kl.detach())

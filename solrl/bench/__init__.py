@@ -22,6 +22,7 @@ BENCHES: dict[str, str] = {
     "pretrain_sweep": "shapes base pretraining variants x seeds, tracked with the headroom CFG shows (choose a base)",
     "relations": "whether a shapes model reads the relation word: order, pixel change and pairs right both ways when it flips",
     "profile": "where an epoch's time goes: phases, the loop's and the trainer's marked regions, the top operators",
+    "selection": "paired study: no / random / oracle / proxy choice of k of n, link by link, with the seeds it needs",
     "sensitivity": "image error of the low-precision explorer per block and per layer kind (one part quantized at a time)",
 }
 

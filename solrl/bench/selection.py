@@ -1,0 +1,308 @@
+"""Does selection speed learning? The two links of the two-stage claim, measured apart and paired.
+
+Every arm trains the shapes-sol-rl preset (8 prompts an epoch, k = 8 trained seeds a prompt) with one thing changed:
+how the k trained seeds are chosen from a pool of n:
+
+- `none`: no selection, the first k of the pool (diffusion_nft; nothing else is sampled);
+- `random`: k of the n at random (the n sampled in BF16 at full steps, as `oracle`);
+- `oracle`: the best k/2 and worst k/2 of the n by the BF16 full-step reward (naive_scaling);
+- `proxy_bf16`: best / worst by a BF16 explorer at the preset's few explore steps, the kept seeds regenerated (sol_rl);
+- `proxy_nvfp4`: the same with the NVFP4-emulated explorer (the preset itself).
+
+Runs are paired: run seed s draws the same prompts and the same pool of initial noises in every arm (the `none` arm
+trains the first k seeds of that pool), so an arm's difference from another is read per seed and its interval is
+the paired Student-t interval over seeds. Link (a), that keeping the best and worst of a larger pool teaches more per
+trained sample: `oracle` - `none` (and `oracle` - `random`, the same pool without the ranking). Link (b), that the
+few-step low-precision proxy keeps enough of the ranking: `proxy_nvfp4` - `oracle` (and `proxy_bf16` - `oracle`).
+
+The primary measure was fixed before the runs: the held-out exact reward (the `eval.reward`) averaged over epochs
+1..E (E = 8 by default; the sum over those epochs divided by E, so it reads on the reward's scale): speed, not the
+plateau. The second: the held-out reward at equal cost (B200 bound, `curve.epoch_cost`), read per run by
+interpolating its curve at the smallest final cost of the arms that pay for their choice (`random` excluded: nobody
+would pay for n samples to keep k at random; at k of n it costs what `none` costs, and its learning is what `none`'s
+is in expectation). Per epoch the runs record what each link passes on (the mechanism): the trained groups' reward
+spread (`rollout.half_gap`, the better half minus the worse half of each prompt's k trained rewards, and
+`rollout.group_std`), the advantages' mean magnitude, the gradient norm, and how far the trained velocity moved from
+the old adapter's (`train.drift_old`), plus the proxy's Kendall tau on the kept seeds where there is a proxy.
+
+The power calculation: from the oracle - none paired differences' spread, the number of seeds whose 95% interval has a
+half-width of at most `target_half` (0.01) — how many seeds a decisive run needs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from solrl.bench.common import SMALL_STEPS, write_results
+from solrl.bench.curve import interval, run_all
+
+PRESET = "shapes-sol-rl"
+# arm -> (settings added to the preset's, what it is)
+ARMS: dict[str, tuple[list[str], str]] = {
+    "none": (["rollout.mode=diffusion_nft"], "no selection: the first k seeds of the pool"),
+    "random": (["rollout.mode=naive_scaling", "rollout.selection=random"], "k of the n at random"),
+    "oracle": (["rollout.mode=naive_scaling"], "best/worst k of n by the BF16 full-step reward"),
+    "proxy_bf16": (["rollout.explore_precision.backend=bf16"], "best/worst by a BF16 explorer at the explore steps"),
+    "proxy_nvfp4": ([], "best/worst by the NVFP4-emulated explorer at the explore steps (the preset)"),
+}
+# (arm, minus arm, what the difference tests)
+LINKS = [("oracle", "none", "link (a): selection by the true reward against no selection"),
+         ("oracle", "random", "link (a): the ranking itself (the same pool, chosen at random)"),
+         ("random", "none", "control: random k of n against the first k (should be 0)"),
+         ("proxy_nvfp4", "oracle", "link (b): the NVFP4 few-step proxy against the oracle's choice"),
+         ("proxy_bf16", "oracle", "link (b): a BF16 few-step proxy against the oracle's choice"),
+         ("proxy_nvfp4", "none", "the whole two-stage loop against no selection")]
+MECHANISM = ("rollout.half_gap", "rollout.group_std", "train.advantage_abs_mean", "train.grad_norm", "train.drift_old",
+             "proxy_kendall_tau")
+
+
+def paired(a: list[float], b: list[float]) -> dict[str, Any]:
+    """mean(a - b) over paired seeds with its 95% Student-t half-width (None with one pair) and the differences."""
+    d = [x - y for x, y in zip(a, b)]
+    mean, half = interval(d)
+    return {"mean": round(mean, 4), "ci95": None if math.isnan(half) else round(half, 4),
+            "sd": round(float(np.std(d, ddof=1)), 4) if len(d) > 1 else None, "diffs": [round(x, 4) for x in d]}
+
+
+def seeds_for(sd: float, target_half: float = 0.01, most: int = 1000) -> int | None:
+    """The fewest paired seeds n >= 2 whose 95% t interval half-width t(0.975, n-1) sd / sqrt(n) is <= target_half
+    (None beyond `most`)."""
+    from scipy import stats
+
+    for n in range(2, most + 1):
+        if stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n) <= target_half:
+            return n
+    return None
+
+
+def mechanism(run_dir: Path) -> dict[str, list[float | None]]:
+    """Per trained epoch (1, 2, ...), the MECHANISM figures a run recorded (None where it has none)."""
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    recs = [r for r in recs if r["epoch"] > 0]
+    return {k: [r.get(k) for r in recs] for k in MECHANISM}
+
+
+def primary(run: dict[str, Any], last: int) -> float:
+    """The run's held-out reward averaged over its evaluated epochs 1..last."""
+    vals = [p["reward"] for p in run["points"] if 1 <= p["epoch"] <= last]
+    if len(vals) != last:
+        raise ValueError(f"the primary measure needs the held-out reward at every epoch 1..{last}; got {len(vals)}")
+    return float(np.mean(vals))
+
+
+def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0, reward: str | None = None,
+        repeats: int | None = None, jobs: int = 1, threads: int = 0, arms: tuple[str, ...] | None = None,
+        pools: tuple[int, ...] | None = None, overrides: tuple[str, ...] = (), target_half: float = 0.01) -> dict[str, Any]:
+    """`repeats` run seeds (seed, seed+1, ...) per arm and pool size, `jobs` runs at once on `threads` torch threads
+    each; finished runs under `out` with the same settings are reused (a study continues where it stopped)."""
+    chosen = tuple(arms or ARMS)
+    unknown = [a for a in chosen if a not in ARMS]
+    if unknown or not chosen:
+        raise ValueError(f"--arms: unknown arm(s) {unknown}; available: {sorted(ARMS)}")
+    n_epochs = epochs or (2 if small else 8)
+    n_seeds = repeats or (2 if small else 3)
+    sizes = tuple(pools or ((6,) if small else (16,)))
+    kept = 4 if small else 8
+    if any(n <= kept for n in sizes):
+        raise ValueError(f"--pools: every pool must be larger than the {kept} kept seeds, got {list(sizes)}")
+    sets = [f"epochs={n_epochs}", "eval.every=1", "tensorboard=false", f"rollout.kept={kept}"]
+    name = "selection"
+    if reward and reward != "shapes":
+        judge = "shapes" if reward.startswith("shapes") else reward
+        sets += [f"reward={reward}", f"eval.reward={judge}"]
+        name = f"selection-{reward}"
+    if small:
+        sets += ["rollout.prompts_per_epoch=2", "eval.prompts=4", "eval.seeds_per_prompt=1", "lora.rank=4",
+                 "lora.alpha=8", "train.micro_batch=8", *SMALL_STEPS]
+    import os
+
+    per_run = threads or (max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0)
+    if per_run:
+        sets.append(f"threads={per_run}")
+    sets += list(overrides)
+    from solrl.config import apply_overrides, get_preset
+
+    for arm in chosen:  # refused now, not in a worker after other runs started
+        apply_overrides(get_preset(PRESET), sets + ARMS[arm][0] + [f"rollout.pool={sizes[0]}"]).validate()
+    effective = apply_overrides(get_preset(PRESET), list(sets))
+    trained_on, judge = effective.reward, effective.eval.reward or effective.reward
+    plan = [(arm, n, s, sets + ARMS[arm][0] + [f"rollout.pool={n}", f"seed={s}"],
+             out / f"{name}_runs" / f"{arm}_n{n}_seed{s}")
+            for n in sizes for s in range(seed, seed + n_seeds) for arm in chosen]  # seed-major: a stopped study
+    # has whole seeds to pair, and a rerun with fewer --repeats reuses them
+    results = run_all([(PRESET, p[3], p[4]) for p in plan], jobs)
+    last = n_epochs
+    table: dict[str, Any] = {}
+    for (arm, n, s, _, run_dir), res in zip(plan, results):
+        entry = table.setdefault(f"n{n}", {}).setdefault(arm, {"runs": []})
+        entry["runs"].append({"seed": s, **res, "primary": round(primary(res, last), 4), "mechanism": mechanism(run_dir)})
+    pools_out = {key: summarise(arms_, last) for key, arms_ in table.items()}
+    result = {"preset": PRESET, "arms": {a: ARMS[a][1] for a in chosen}, "pools": list(sizes), "kept": kept,
+              "epochs": n_epochs, "primary_epochs": [1, last], "seeds": list(range(seed, seed + n_seeds)),
+              "reward": trained_on, "eval_reward": judge, "settings": sets, "jobs": jobs, "threads_per_run": per_run,
+              "target_half": target_half, "by_pool": pools_out}
+    plot(pools_out, out / f"{name}.png", judge)
+    return write_results(out, name, result, markdown(result, name))
+
+
+def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
+    """Per arm: the primary measure and final reward over seeds, per-epoch means, the mechanism's per-epoch means;
+    then the paired differences of LINKS, at equal cost too, the power calculation and the cost to reach none's
+    final reward."""
+    for arm in arms.values():
+        runs = arm["runs"]
+        arm["primary"] = dict(zip(("mean", "ci95"), _round(*interval([r["primary"] for r in runs]))))
+        epochs = [p["epoch"] for p in runs[0]["points"]]
+        arm["epochs"] = epochs
+        arm["reward_by_epoch"] = [round(float(np.mean([r["points"][i]["reward"] for r in runs])), 4)
+                                  for i in range(len(epochs))]
+        arm["final"] = dict(zip(("mean", "ci95"), _round(*interval([r["points"][-1]["reward"] for r in runs]))))
+        arm["cost_per_epoch"] = float(np.mean([r["cost_per_epoch"] for r in runs]))
+        arm["mechanism"] = {k: _epoch_means([r["mechanism"][k] for r in runs]) for k in MECHANISM}
+    out: dict[str, Any] = {"arms": arms, "links": [], "at_equal_cost": None}
+    for a, b, what in LINKS:
+        if a in arms and b in arms:
+            out["links"].append({"a": a, "b": b, "what": what,
+                                 **paired([r["primary"] for r in arms[a]["runs"]], [r["primary"] for r in arms[b]["runs"]])})
+    priced = [k for k in arms if k != "random"]
+    if len(priced) > 1:
+        budget = min(arms[k]["runs"][0]["points"][-1]["cost_bf16_fwd"] for k in priced)
+        at = {k: [float(np.interp(budget, [p["cost_bf16_fwd"] for p in r["points"]], [p["reward"] for p in r["points"]]))
+                  for r in arms[k]["runs"]] for k in priced}
+        out["at_equal_cost"] = {"cost_bf16_fwd": round(budget, 1),
+                                "reward": {k: dict(zip(("mean", "ci95"), _round(*interval(v)))) for k, v in at.items()},
+                                "links": [{"a": a, "b": b, **paired(at[a], at[b])} for a, b, _ in LINKS
+                                          if a in at and b in at]}
+    pilot = next((x for x in out["links"] if (x["a"], x["b"]) == ("oracle", "none")), None)
+    if pilot and pilot["sd"] is not None:
+        out["power"] = {"sd_oracle_minus_none": pilot["sd"], "seeds_run": len(pilot["diffs"]),
+                        "seeds_for_half_0.01": seeds_for(pilot["sd"]) if pilot["sd"] > 0 else 2}
+    if "none" in arms:
+        target = arms["none"]["reward_by_epoch"][-1]
+        for k in priced:
+            arm = arms[k]
+            costs = np.mean([[p["cost_bf16_fwd"] for p in r["points"]] for r in arm["runs"]], axis=0)
+            hit = next((i for i, (e, rew) in enumerate(zip(arm["epochs"], arm["reward_by_epoch"])) if e > 0 and rew >= target),
+                       None)
+            arm["cost_to_none_final"] = round(float(costs[hit]), 1) if hit is not None else None
+            arm["epochs_to_none_final"] = arm["epochs"][hit] if hit is not None else None
+    return out
+
+
+def _round(mean: float, half: float) -> tuple[float, float | None]:
+    return round(mean, 4), None if math.isnan(half) else round(half, 4)
+
+
+def _epoch_means(series: list[list[float | None]]) -> list[float | None]:
+    """Per epoch, the mean over runs of the recorded values (None where no run recorded one)."""
+    out = []
+    for vals in zip(*series):
+        got = [v for v in vals if v is not None and not (isinstance(v, float) and math.isnan(v))]
+        out.append(round(float(np.mean(got)), 6) if got else None)
+    return out
+
+
+def verdict(link: dict[str, Any]) -> str:
+    if link["ci95"] is None:
+        return "one seed: no interval"
+    lo, hi = link["mean"] - link["ci95"], link["mean"] + link["ci95"]
+    if lo > 0:
+        return f"{link['a']} is higher (interval [{lo:+.3f}, {hi:+.3f}])"
+    if hi < 0:
+        return f"{link['b']} is higher (interval [{lo:+.3f}, {hi:+.3f}])"
+    return f"not resolved: the interval [{lo:+.3f}, {hi:+.3f}] holds 0"
+
+
+def plot(by_pool: dict[str, Any], path: Path, reward: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(by_pool), 4, figsize=(17, 3.6 * len(by_pool)), dpi=100, squeeze=False)
+    for row, (key, pool) in zip(axes, by_pool.items()):
+        arms = pool["arms"]
+        none = arms.get("none")
+        for i, (arm, a) in enumerate(arms.items()):
+            kw = {"color": f"C{i}", "label": arm, "marker": "o", "ms": 3}
+            row[0].plot(a["epochs"], a["reward_by_epoch"], **kw)
+            if none is not None and arm != "none":  # paired difference per epoch, mean and 95% interval
+                d = [[r["points"][j]["reward"] - n["points"][j]["reward"] for r, n in zip(a["runs"], none["runs"])]
+                     for j in range(len(a["epochs"]))]
+                m = np.array([interval(x)[0] for x in d])
+                h = np.nan_to_num(np.array([interval(x)[1] for x in d]))
+                row[1].plot(a["epochs"], m, **kw)
+                row[1].fill_between(a["epochs"], m - h, m + h, color=f"C{i}", alpha=0.12)
+            ep = list(range(1, len(a["mechanism"]["rollout.half_gap"]) + 1))
+            for ax, k in ((row[2], "rollout.half_gap"), (row[3], "train.grad_norm")):
+                ax.plot(ep, [np.nan if v is None else v for v in a["mechanism"][k]], **kw)
+        row[0].set_ylabel(f"{key}: held-out {reward} (mean)")
+        row[1].set_ylabel("minus none (paired, 95% CI)")
+        row[1].axhline(0, color="k", lw=0.6)
+        row[2].set_ylabel("trained groups' half gap")
+        row[3].set_ylabel("gradient norm")
+        for ax in row:
+            ax.set_xlabel("epoch")
+            ax.grid(alpha=0.3)
+        row[0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _ci(x: dict[str, Any]) -> str:
+    return f"{x['mean']:+.4f} ± {x['ci95']:.4f}" if x.get("ci95") is not None else f"{x['mean']:+.4f}"
+
+
+def _val(x: dict[str, Any]) -> str:
+    return f"{x['mean']:.3f} ± {x['ci95']:.3f}" if x.get("ci95") is not None else f"{x['mean']:.3f}"
+
+
+def markdown(r: dict[str, Any], name: str) -> str:
+    lines = [f"Trained on `{r['reward']}`, judged with `{r['eval_reward']}` on the held-out prompts every epoch; preset "
+             f"`{r['preset']}`, k = {r['kept']} trained seeds a prompt, pools {r['pools']}, {r['epochs']} epochs, paired run "
+             f"seeds {r['seeds']} (each seed: the same prompts and pool of noises in every arm). Primary measure, fixed "
+             f"before the runs: the held-out reward averaged over epochs {r['primary_epochs'][0]}-{r['primary_epochs'][1]}. "
+             f"Intervals: 95% Student-t over seeds (paired for differences). Plot `{name}.png`. Arms:", ""]
+    lines += [f"- `{a}`: {text}" for a, text in r["arms"].items()]
+    for key, pool in r["by_pool"].items():
+        arms = pool["arms"]
+        lines += ["", f"## Pool {key[1:]}", "",
+                  "| arm | primary (mean ep. 1-E) | final reward | cost / epoch (BF16 fwd eq.) | epochs to none's final | "
+                  "cost to reach it |", "|---|---|---|---|---|---|"]
+        for a, x in arms.items():
+            reach = x.get("epochs_to_none_final")
+            lines.append(f"| {a} | {_val(x['primary'])} | {_val(x['final'])} | {x['cost_per_epoch']:.0f} | "
+                         f"{reach if reach is not None else '-'} | "
+                         f"{x['cost_to_none_final'] if x.get('cost_to_none_final') is not None else '-'} |")
+        lines += ["", "Paired differences of the primary measure:", "",
+                  "| difference | tests | mean ± 95% | per seed | verdict |", "|---|---|---|---|---|"]
+        for link in pool["links"]:
+            lines.append(f"| {link['a']} - {link['b']} | {link['what']} | {_ci(link)} | "
+                         f"{', '.join(f'{d:+.3f}' for d in link['diffs'])} | {verdict(link)} |")
+        eq = pool["at_equal_cost"]
+        if eq:
+            lines += ["", f"At equal cost ({eq['cost_bf16_fwd']:.0f} BF16-forward equivalents, B200 bound; `random` "
+                      "not priced): " + "; ".join(f"{k} {_val(v)}" for k, v in eq["reward"].items()) + ". Paired: "
+                      + "; ".join(f"{x['a']} - {x['b']} {_ci(x)}" for x in eq["links"]) + "."]
+        if "power" in pool:
+            p = pool["power"]
+            need = p["seeds_for_half_0.01"]
+            lines += ["", f"Power: the oracle - none differences' sd is {p['sd_oracle_minus_none']:.4f} over "
+                      f"{p['seeds_run']} seeds; a 95% half-width of {r['target_half']} needs "
+                      f"{need if need is not None else 'more than 1000'} paired seeds."]
+        lines += ["", "Mechanism, mean over seeds and epochs 1-E (per epoch in the JSON):", "",
+                  "| arm | " + " | ".join(MECHANISM) + " |", "|---|" + "---|" * len(MECHANISM)]
+        for a, x in arms.items():
+            cells = []
+            for k in MECHANISM:
+                vals = [v for v in x["mechanism"][k] if v is not None]
+                cells.append(f"{np.mean(vals):.4g}" if vals else "-")
+            lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,68 @@
+"""`solrl bench selection`: the paired arms at --small settings, the paired intervals, the power calculation and
+the verdicts, and bad arguments refused before any run starts."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from solrl.bench.selection import paired, seeds_for, verdict
+from solrl.cli import main
+
+
+def test_selection_small_pairs_its_arms(tmp_path):
+    assert main(["bench", "selection", "--small", "--epochs", "1", "--arms", "none,oracle,proxy_nvfp4",
+                 "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "selection.json").read_text())
+    assert r["seeds"] == [0, 1] and r["pools"] == [6] and r["kept"] == 4 and r["primary_epochs"] == [1, 1]
+    pool = r["by_pool"]["n6"]
+    arms = pool["arms"]
+    assert list(arms) == ["none", "oracle", "proxy_nvfp4"]
+    befores = {run["points"][0]["reward"] for a in arms.values() for run in a["runs"]}
+    assert len(befores) == 1  # the same base and held-out seeds before training in every arm and run seed
+    for a in arms.values():
+        assert [run["seed"] for run in a["runs"]] == [0, 1]
+        for run in a["runs"]:
+            assert run["primary"] == pytest.approx(run["points"][1]["reward"], abs=1e-4)
+            assert len(run["mechanism"]["rollout.half_gap"]) == 1
+            assert run["mechanism"]["train.grad_norm"][0] > 0 and run["mechanism"]["train.drift_old"][0] > 0
+    # only a proxy has a Kendall tau to report; the oracle's chosen halves are the true extremes of a larger pool, so
+    # their gap is at least the gap of the first k seeds (the same pool's noises, paired)
+    assert arms["proxy_nvfp4"]["runs"][0]["mechanism"]["proxy_kendall_tau"][0] is not None
+    assert arms["none"]["runs"][0]["mechanism"]["proxy_kendall_tau"] == [None]
+    for o, n in zip(arms["oracle"]["runs"], arms["none"]["runs"]):
+        assert o["mechanism"]["rollout.half_gap"][0] >= n["mechanism"]["rollout.half_gap"][0] - 1e-9
+    links = {(x["a"], x["b"]): x for x in pool["links"]}
+    assert set(links) == {("oracle", "none"), ("proxy_nvfp4", "oracle"), ("proxy_nvfp4", "none")}
+    on = links[("oracle", "none")]
+    assert on["diffs"] == pytest.approx([o["primary"] - n["primary"] for o, n in
+                                         zip(arms["oracle"]["runs"], arms["none"]["runs"])], abs=2e-4)
+    assert pool["power"]["seeds_run"] == 2 and pool["at_equal_cost"]["cost_bf16_fwd"] > 0
+    md = (tmp_path / "selection.md").read_text()
+    assert "| oracle - none |" in md and "Power:" in md and "paired seeds" in md
+    assert (tmp_path / "selection.png").stat().st_size > 1000
+
+
+def test_paired_interval_power_and_verdicts():
+    d = paired([0.80, 0.83, 0.81], [0.78, 0.80, 0.80])
+    diffs = np.array([0.02, 0.03, 0.01])
+    assert d["mean"] == pytest.approx(0.02) and d["sd"] == pytest.approx(diffs.std(ddof=1), abs=1e-4)
+    assert d["ci95"] == pytest.approx(stats.t.ppf(0.975, 2) * diffs.std(ddof=1) / np.sqrt(3), abs=1e-4)
+    assert verdict({**d, "a": "oracle", "b": "none"}).startswith("not resolved")  # [-0.005, +0.045]
+    assert verdict({"a": "oracle", "b": "none", "mean": 0.02, "ci95": 0.01}).startswith("oracle is higher")
+    assert verdict({"a": "x", "b": "y", "mean": 0.001, "ci95": 0.01}).startswith("not resolved")
+    assert verdict({"a": "x", "b": "y", "mean": -0.02, "ci95": 0.01}).startswith("y is higher")
+    # the issue's pilot: paired sd 0.010 -> 7 seeds for a half-width of 0.01 (t(0.975, 6) 0.01 / sqrt 7 = 0.0092)
+    assert seeds_for(0.010) == 7 and seeds_for(0.002) == 3 and seeds_for(0.001) == 2 and seeds_for(1.0, most=50) is None
+
+
+@pytest.mark.parametrize("bad", [["--arms", "none,best"], ["--pools", "4"], ["--pools", "x"]])
+def test_selection_refuses_bad_arguments_before_training(tmp_path, bad, capsys):
+    with pytest.raises(SystemExit) if bad == ["--pools", "x"] else contextlib.nullcontext():
+        assert main(["bench", "selection", "--small", "--out", str(tmp_path), *bad]) == 2
+    err = capsys.readouterr().err
+    assert ("--arms" in err or "--pools" in err) and not (tmp_path / "selection_runs").exists()
