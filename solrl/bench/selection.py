@@ -281,6 +281,10 @@ def markdown(r: dict[str, Any], name: str) -> str:
             lines.append(f"| {a} | {_val(x['primary'])} | {_val(x['final'])} | {x['cost_per_epoch']:.0f} | "
                          f"{reach if reach is not None else '-'} | "
                          f"{x['cost_to_none_final'] if x.get('cost_to_none_final') is not None else '-'} |")
+        epochs = next(iter(arms.values()))["epochs"]
+        lines += ["", "Held-out reward per epoch, mean over seeds:", "",
+                  "| arm | " + " | ".join(map(str, epochs)) + " |", "|---|" + "---|" * len(epochs)]
+        lines += [f"| {a} | " + " | ".join(f"{v:.3f}" for v in x["reward_by_epoch"]) + " |" for a, x in arms.items()]
         lines += ["", "Paired differences of the primary measure:", "",
                   "| difference | tests | mean ± 95% | per seed | verdict |", "|---|---|---|---|---|"]
         for link in pool["links"]:
