@@ -77,7 +77,7 @@ from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2_grpc
 from solrl.pb.solrl.regenerator.v1 import regenerator_pb2_grpc
 from solrl.pb.solrl.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-from solrl.precision.base import same_format
+from solrl.precision.registry import same_format
 from solrl.queue import QueueConfig, build_queue
 
 log = logging.getLogger("solrl.services.trainer")
