@@ -138,7 +138,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
     p = plan.make_plan(cfg, preset, a.gpu, a.gpus, layout=a.layout, explorers=a.explorers,
                        regenerators=a.regenerators, trainer_ranks=a.trainer_ranks)
     if a.emit:
-        print(plan.emit(p, a.emit, list(a.set or [])), end="")
+        from solrl.layouts import emit
+
+        print(emit(p, a.emit, list(a.set or [])), end="")
     elif a.json:
         print(json.dumps(plan.plan_dict(p), indent=1))
     else:
