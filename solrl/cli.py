@@ -241,6 +241,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         kw["overrides"] = tuple(a.sets)
     if a.models:
         kw["models"] = tuple(x for x in a.models.split(",") if x)
+    if a.name == "cli":
+        kw["commands"] = command_words()
     if a.name == "curve" and a.threads:
         kw["threads"] = a.threads  # per run: the runs set their own torch threads
     try:
@@ -352,6 +354,17 @@ def _all_parsers(p: argparse.ArgumentParser):
         if isinstance(action, argparse._SubParsersAction):
             for sp in dict.fromkeys(action.choices.values()):
                 yield from _all_parsers(sp)
+
+
+def command_words() -> tuple[tuple[str, ...], ...]:
+    """Every command as its words after `solrl`: () for the top level, then each subcommand (the service roles'
+    included), in the parser's order (what `solrl bench cli` times)."""
+    out: list[tuple[str, ...]] = [()]
+    for sp in _all_parsers(build_parser()):
+        words = tuple(sp.prog.split()[1:])  # "solrl bench" -> ("bench",)
+        if words and words not in out:
+            out.append(words)
+    return tuple(out)
 
 
 def build_parser() -> argparse.ArgumentParser:
