@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -79,25 +78,17 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(a: argparse.Namespace) -> int:
-    """Serve RUN_DIR's dashboard until Ctrl-C / SIGTERM; the page re-reads the directory while a run writes it."""
-    import threading
-
-    from services.common.lifecycle import stop_on_signals
-    from services.common.ops import HttpServer
-    from solrl.dashboard import create_app
+    """Serve RUN_DIR's dashboard until Ctrl-C / SIGTERM (the services' HTTP server, found by name: solrl/plugins.py)."""
+    from solrl import plugins
 
     run_dir = Path(a.run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run directory")
-    http = HttpServer(create_app(run_dir), a.host, a.port)
-    stop = threading.Event()
-    with stop_on_signals(stop):
-        http.start()
-        print(f"solrl dashboard: http://{http.host}:{http.port}/dashboard  ({run_dir})", flush=True)
-        while not stop.wait(0.5):
-            pass
-        http.stop()
-    return 0
+    try:
+        serve_dashboard = plugins.load("dashboard")
+    except ImportError as err:
+        return _missing_services(err)
+    return serve_dashboard(run_dir, a.host, a.port)
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
@@ -604,16 +595,18 @@ def _serve(role: str, argv: list[str]) -> int:
     """`solrl serve <role> [options]`: the container entry point. The role's options come from its light
     services.<role>.args (no grpc, torch: `--help` and option errors are fast); its server module (grpc,
     torch, the stubs) loads once they parse, and the services' logging is set up before it runs."""
+    from solrl import plugins
+
     try:
-        options = importlib.import_module(f"services.{role}.args")
+        options = plugins.role_module(role, "args")
     except ImportError as err:
         return _missing_services(err)
     parser = argparse.ArgumentParser(prog=f"solrl serve {role}", formatter_class=_Help)
     options.add_arguments(parser)
     args = parser.parse_args(argv)
     try:  # the service shells need the generated stubs (`make protos`); the core CLI does not
-        module = importlib.import_module(f"services.{role}.server")
-        from services.common.logs import configure_logging
+        module = plugins.role_module(role, "server")
+        configure_logging = plugins.load("logging")
     except ImportError as err:
         return _missing_services(err)
     try:

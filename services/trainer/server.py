@@ -49,7 +49,7 @@ from services.common.adapter_reload import (
     VERSION_HEADER,
 )
 from services.common.auth import authorized, metadata, read_data_token
-from services.common.env import ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, split_overrides
+from services.common.env import ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, ENV_REDIS_URL, split_overrides
 from services.common.grpc_server import (
     MAX_GRPC_MESSAGE_SIZE,
     GrpcService,
@@ -59,7 +59,6 @@ from services.common.grpc_server import (
 from services.common.lifecycle import run_main, stop_on_signals
 from services.common.metrics import ServiceMetrics, TrainingMetrics
 from services.common.ops import HttpServer, create_ops_app
-from services.common.workers import ENV_REDIS_URL
 from services.trainer.args import (  # noqa: F401 (the options live there, light; re-exported here)
     DEFAULT_GRPC_PORT,
     DEFAULT_HTTP_PORT,
