@@ -28,8 +28,11 @@ demo: protos
 	rm -rf runs/demo
 	env -u OMP_WAIT_POLICY $(BIN)/solrl train --preset shapes-sol-rl --out runs/demo
 
+# ruff, then the import contracts in pyproject.toml (layers, the core not importing services, no circles;
+# docs/architecture.md)
 lint: $(STAMP)
 	$(BIN)/ruff check solrl services tests
+	$(BIN)/lint-imports
 
 # pytest-xdist: test files spread over TEST_WORKERS processes (a file's tests stay together, in order, so a
 # module's services start once; handed out in collection order, which tests/conftest.py sets: longest files first);

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -86,25 +85,17 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 
 def cmd_dashboard(a: argparse.Namespace) -> int:
-    """Serve RUN_DIR's dashboard until Ctrl-C / SIGTERM; the page re-reads the directory while a run writes it."""
-    import threading
-
-    from services.common.lifecycle import stop_on_signals
-    from services.common.ops import HttpServer
-    from solrl.dashboard import create_app
+    """Serve RUN_DIR's dashboard until Ctrl-C / SIGTERM (the services' HTTP server, found by name: solrl/plugins.py)."""
+    from solrl import plugins
 
     run_dir = Path(a.run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run directory")
-    http = HttpServer(create_app(run_dir), a.host, a.port)
-    stop = threading.Event()
-    with stop_on_signals(stop):
-        http.start()
-        print(f"solrl dashboard: http://{http.host}:{http.port}/dashboard  ({run_dir})", flush=True)
-        while not stop.wait(0.5):
-            pass
-        http.stop()
-    return 0
+    try:
+        serve_dashboard = plugins.load("dashboard")
+    except ImportError as err:
+        return _missing_services(err)
+    return serve_dashboard(run_dir, a.host, a.port)
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
@@ -145,7 +136,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
     p = plan.make_plan(cfg, preset, a.gpu, a.gpus, layout=a.layout, explorers=a.explorers,
                        regenerators=a.regenerators, trainer_ranks=a.trainer_ranks)
     if a.emit:
-        print(plan.emit(p, a.emit, list(a.set or [])), end="")
+        from solrl.layouts import emit
+
+        print(emit(p, a.emit, list(a.set or [])), end="")
     elif a.json:
         print(json.dumps(plan.plan_dict(p), indent=1))
     else:
@@ -163,7 +156,7 @@ def _int_tuple(text: str) -> tuple[int, ...]:
 def cmd_pretrain(a: argparse.Namespace) -> int:
     import torch
 
-    from solrl.models.shapes_pretrain import PretrainConfig, pretrain
+    from solrl.pretrain.shapes import PretrainConfig, pretrain
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -189,7 +182,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 def cmd_pretrain_text(a: argparse.Namespace) -> int:
     import torch
 
-    from solrl.models.shapes_text_pretrain import TextPretrainConfig, pretrain_text
+    from solrl.pretrain.shapes_text import TextPretrainConfig, pretrain_text
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -250,6 +243,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         kw["arms"] = tuple(x for x in a.arms.split(",") if x)
     if a.pools:
         kw["pools"] = a.pools
+    if a.name == "cli":
+        kw["commands"] = command_words()
     if a.name in ("curve", "selection") and a.threads:
         kw["threads"] = a.threads  # per run: the runs set their own torch threads
     try:
@@ -361,6 +356,17 @@ def _all_parsers(p: argparse.ArgumentParser):
         if isinstance(action, argparse._SubParsersAction):
             for sp in dict.fromkeys(action.choices.values()):
                 yield from _all_parsers(sp)
+
+
+def command_words() -> tuple[tuple[str, ...], ...]:
+    """Every command as its words after `solrl`: () for the top level, then each subcommand (the service roles'
+    included), in the parser's order (what `solrl bench cli` times)."""
+    out: list[tuple[str, ...]] = [()]
+    for sp in _all_parsers(build_parser()):
+        words = tuple(sp.prog.split()[1:])  # "solrl bench" -> ("bench",)
+        if words and words not in out:
+            out.append(words)
+    return tuple(out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -606,16 +612,18 @@ def _serve(role: str, argv: list[str]) -> int:
     """`solrl serve <role> [options]`: the container entry point. The role's options come from its light
     services.<role>.args (no grpc, torch: `--help` and option errors are fast); its server module (grpc,
     torch, the stubs) loads once they parse, and the services' logging is set up before it runs."""
+    from solrl import plugins
+
     try:
-        options = importlib.import_module(f"services.{role}.args")
+        options = plugins.role_module(role, "args")
     except ImportError as err:
         return _missing_services(err)
     parser = argparse.ArgumentParser(prog=f"solrl serve {role}", formatter_class=_Help)
     options.add_arguments(parser)
     args = parser.parse_args(argv)
     try:  # the service shells need the generated stubs (`make protos`); the core CLI does not
-        module = importlib.import_module(f"services.{role}.server")
-        from services.common.logs import configure_logging
+        module = plugins.role_module(role, "server")
+        configure_logging = plugins.load("logging")
     except ImportError as err:
         return _missing_services(err)
     try:

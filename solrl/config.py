@@ -161,7 +161,7 @@ class PromptsConfig:
     eval: str = "shapes:held-out"       # held-out prompts (shapes sets: a fixed, form-stratified subset)
     # shapes sets: the share of relation captions among an epoch's training prompts; single-object and count
     # captions share the rest 2:1 (the pretraining mix's proportions, `solrl shapes pretrain --relation-share`); the default
-    # is FORM_WEIGHTS["relation"] of solrl/models/shapes_pretrain.py (tests/test_prompts.py checks they agree)
+    # is FORM_WEIGHTS["relation"] of solrl/pretrain/shapes.py (tests/test_prompts.py checks they agree)
     relation_share: float = 0.4
 
 

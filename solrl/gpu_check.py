@@ -466,6 +466,7 @@ def reload_section(setup: Setup, budget: Budget, share_s: float, models: tuple[s
                    explore: dict[str, Any] | None) -> dict[str, Any]:
     """A preset-size LoRA pushed into the explorer's served copy (HotSwapModel: merge + re-quantize in place), as
     a share of one explore call of the same backend (eager)."""
+    from solrl import plugins
     from solrl.adapters.lora import PREFIX, LoraSpec
     from solrl.adapters.merge import lora_layout, merge_lora, target_weights
     from solrl.adapters.wire import encode_adapter, sha256_hex
@@ -491,8 +492,8 @@ def reload_section(setup: Setup, budget: Budget, share_s: float, models: tuple[s
             state = {k: torch.randn(*s, generator=g) * 0.01 for k, s in layout.items()}
             assert all(k.startswith(PREFIX) for k in state)
             precision = explore_precision(name, backend, setup.tiny)
-            try:
-                from services.common.adapter_reload import HotSwapModel
+            try:   # the services' served model, by its entry point (solrl/plugins.py): the core does not import them
+                HotSwapModel = plugins.load("hot-swap-model")
             except ImportError as err:   # the services' dependencies are not installed: the same merge + requantize
                 HotSwapModel, via = None, f"backend.requantize of merge_lora ({error_text(err)})"
             else:

@@ -17,13 +17,15 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from solrl.plan import Plan, PlanError, seconds_text
+
 PORTS = {"reward": (8001, 8080), "explorer": (8011, 8091), "regenerator": (8021, 8092), "trainer": (8031, 8093)}
 # services/Dockerfile's ENGINE build argument: Transformer Engine in the explorer's image only (its NVFP4 / FP8)
 ENGINE = {"explorer": "ENGINE: te, ", "regenerator": "", "reward": "", "trainer": ""}
 TRAINER_ENTRY = ["torchrun", "--standalone", "--no-python", "solrl", "serve", "trainer"]
 
 
-def plan_command(p: Any, kind: str, sets: list[str]) -> str:
+def plan_command(p: Plan, kind: str, sets: list[str]) -> str:
     """The `solrl plan` command that emits this file (its header, and what tests/test_deploy.py re-runs)."""
     args = ["solrl", "plan", "--preset", p.recipe.preset, *[a for s in sets for a in ("--set", s)],
             "--gpu", p.gpu, "--gpus", str(p.gpus), "--layout", p.best.kind, "--emit", kind]
@@ -31,12 +33,10 @@ def plan_command(p: Any, kind: str, sets: list[str]) -> str:
 
 
 def _seconds(v: float) -> str:
-    from solrl.plan import seconds_text
-
     return f"{seconds_text(v)} s"
 
 
-def _plan_lines(p: Any) -> list[str]:
+def _plan_lines(p: Plan) -> list[str]:
     x = p.best
     stages = ", ".join(f"{k} {_seconds(v)}" for k, v in x.stage_s.items() if k != "rollout")
     return [f"The plan for {p.recipe.model} ({p.recipe.preset}) on {p.gpus}x {p.gpu.upper()}: {x.label};",
@@ -60,7 +60,7 @@ def _build(role: str) -> str:
             f"    image: solrl/{role}:gpu\n")
 
 
-def placement(p: Any) -> dict[str, Any]:
+def placement(p: Plan) -> dict[str, Any]:
     """GPU ids per container: explorers and regenerators (one GPU each), the trainer's, the reward's."""
     x = p.best
     if x.kind == "colocated":
@@ -72,16 +72,14 @@ def placement(p: Any) -> dict[str, Any]:
             "trainer": list(range(e + r, e + r + t)), "reward": [e + r + t]}
 
 
-def check_mode(p: Any) -> None:
+def check_mode(p: Plan) -> None:
     """The services run the two-stage mode only (solrl/distributed.py): a plan of another has no deployment file."""
-    from solrl.plan import PlanError
-
     if p.recipe.mode != "sol_rl":
         raise PlanError(f"rollout.mode={p.recipe.mode!r}: the services (and so the compose and kustomize files) run "
                         f"rollout.mode='sol_rl' only; plan the embedded loop's layout without --emit")
 
 
-def compose(p: Any, sets: list[str]) -> str:
+def compose(p: Plan, sets: list[str]) -> str:
     """The whole docker-compose file of the plan's layout (one node)."""
     check_mode(p)
     x, where = p.best, placement(p)
@@ -133,11 +131,9 @@ def _span(groups: list[list[int]]) -> str:
     return f"{ids[0]}-{ids[-1]}" if len(ids) > 1 else str(ids[0])
 
 
-def kustomize(p: Any, sets: list[str]) -> str:
+def kustomize(p: Plan, sets: list[str]) -> str:
     """A kustomize Component with the plan's replicas and the trainer Job's ranks and GPUs (an overlay lists it
     after components/gpu)."""
-    from solrl.plan import PlanError
-
     check_mode(p)
     x = p.best
     if x.kind == "colocated":
@@ -281,3 +277,15 @@ TRAINER_REST = """    command: ["--out", "/runs/${SOLRL_RUN_ID:-run}"]
     depends_on:
       redis: {condition: service_healthy}
 """
+
+
+def emit(p: Plan, kind: str, sets: list[str] | tuple[str, ...] = ()) -> str:
+    """The chosen layout as the deployment files run it (this module): `compose`, a whole docker-compose file
+    (docker-compose.yml and docker-compose.colocated.yml are this output for the shipped preset), or `kustomize`, a
+    Component an overlay lists (k8s/overlays/b200/plan). `sets`: the plan's --set overrides, which become the
+    file's default SOLRL_SET."""
+    if kind == "compose":
+        return compose(p, list(sets))
+    if kind == "kustomize":
+        return kustomize(p, list(sets))
+    raise PlanError(f"--emit must be compose or kustomize, got {kind!r}")

@@ -13,8 +13,6 @@ with the SDE and records their trajectories and log-probs; exploration stays on 
 from __future__ import annotations
 
 import json
-import os
-import platform
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,6 +45,7 @@ from solrl.rewards import build_reward
 from solrl.rollout import PromptCache, SamplerSpec, explore, regenerate
 from solrl.rollout.workers import InferenceCopy
 from solrl.telemetry import MetricsWriter, plot_reward_curve, read_metrics, save_png
+from solrl.telemetry.machine import describe_machine
 from solrl.trainer import Batch, NFTTrainer, build_trainer
 
 
@@ -407,19 +406,6 @@ def proxy_agreement(proxy: np.ndarray, bf16_rewards: np.ndarray) -> dict[str, fl
     taus = prompt_kendall_taus(proxy, bf16_rewards)
     return {"proxy_gap": float((proxy - bf16_rewards).mean()),
             "proxy_kendall_tau": float(np.mean(taus)) if taus else float("nan")}
-
-
-def describe_machine() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "python": platform.python_version()}
 
 
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,

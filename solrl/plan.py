@@ -1229,20 +1229,6 @@ def format_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
-def emit(p: Plan, kind: str, sets: list[str] | tuple[str, ...] = ()) -> str:
-    """The chosen layout as the deployment files run it (solrl/layouts.py): `compose`, a whole docker-compose file
-    (docker-compose.yml and docker-compose.colocated.yml are this output for the shipped preset), or `kustomize`, a
-    Component an overlay lists (k8s/overlays/b200/plan). `sets`: the plan's --set overrides, which become the
-    file's default SOLRL_SET."""
-    from solrl import layouts
-
-    if kind == "compose":
-        return layouts.compose(p, list(sets))
-    if kind == "kustomize":
-        return layouts.kustomize(p, list(sets))
-    raise PlanError(f"--emit must be compose or kustomize, got {kind!r}")
-
-
 # -------------------------------------------------------------------- the calibration report
 
 # the hand-set split docker-compose.yml and k8s/overlays/b200 shipped before they came from the plan: explorers,
@@ -1261,7 +1247,7 @@ def _try_plan(preset: str, gpu: str, gpus: int, **kw) -> Plan | str:
 def calibration_report(out: Path) -> dict[str, Any]:
     """Fit the calibration, and write OUT/plan.json and OUT/plan.md: the fit against the paper's table, each
     model's forward, and the plans for 8 GPUs of each kind (the old hand-set B200 split beside them)."""
-    from solrl.bench.common import machine, machine_line
+    from solrl.telemetry.machine import machine, machine_line
 
     cal, rows = fit_calibration()
     errors = [abs(r["error"]) for r in rows]

@@ -24,9 +24,9 @@ from solrl.models.base import Velocity
 from solrl.models.diffusers_tiny import TINY
 from solrl.models.shapes import ShapesModel
 from solrl.precision import PrecisionConfig, build_backend
-from solrl.precision.base import BACKENDS, available_backends
 from solrl.precision.config import EMULATES, kernel_backend
 from solrl.precision.policy import machine_backend, policy_config
+from solrl.precision.registry import BACKENDS, available_backends
 from solrl.precision.transformer_engine import ForwardScope, forward_modules
 from solrl.sampling import cfg_velocity, flow_sigmas, noise_for_seeds, sample
 

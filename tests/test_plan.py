@@ -14,6 +14,7 @@ from test_deploy import k8s_copy
 
 from solrl import plan as P
 from solrl.cli import main
+from solrl.layouts import emit
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ("sana1.5-1.6b", "sd3.5-large", "flux1-dev")
@@ -216,10 +217,10 @@ def test_other_bad_input():
     with pytest.raises(P.PlanError, match="no explore stage"):
         _plan("sana1.5-1.6b", sets=["rollout.mode=naive_scaling"], explorers=2)
     with pytest.raises(P.PlanError, match="compose or kustomize"):
-        P.emit(_plan("sana1.5-1.6b"), "helm")
+        emit(_plan("sana1.5-1.6b"), "helm")
     for kind in ("compose", "kustomize"):   # the services run the two-stage mode only
         with pytest.raises(P.PlanError, match="rollout.mode='naive_scaling': the services .* run rollout.mode='sol_rl'"):
-            P.emit(_plan("sana1.5-1.6b", layout="disaggregated", sets=["rollout.mode=naive_scaling"]), kind)
+            emit(_plan("sana1.5-1.6b", layout="disaggregated", sets=["rollout.mode=naive_scaling"]), kind)
 
 
 # ------------------------------------------------------------------ emitted layouts and the command
@@ -229,7 +230,7 @@ def test_emit_compose_and_kustomize(tmp_path):
     Component built on top of overlays/b200 in place of its own plan component."""
     p = _plan("sd3.5-large", layout="disaggregated")
     x = p.best
-    services = yaml.safe_load(P.emit(p, "compose", ["rollout.pool=48"]))["services"]
+    services = yaml.safe_load(emit(p, "compose", ["rollout.pool=48"]))["services"]
 
     def ids(svc):
         return [g for d in svc["deploy"]["resources"]["reservations"]["devices"] for g in d["device_ids"]]
@@ -243,11 +244,11 @@ def test_emit_compose_and_kustomize(tmp_path):
     assert len(ids(trainer)) == int(trainer["environment"]["PET_NPROC_PER_NODE"]) == x.trainer_ranks
     assert trainer["entrypoint"][0] == "torchrun"
     assert trainer["environment"]["SOLRL_EXPLORER_ADDRS"] == ",".join(f"{n}:8011" for n in explorers)
-    colo = yaml.safe_load(P.emit(_plan("sd3.5-large"), "compose"))["services"]
+    colo = yaml.safe_load(emit(_plan("sd3.5-large"), "compose"))["services"]
     assert ids(colo["trainer"]) == [str(i) for i in range(8)] and ids(colo["explorer-3"]) == ["3"]
     with pytest.raises(P.PlanError, match="colocated layout has no overlay.*time-slicing"):
-        P.emit(_plan("sd3.5-large"), "kustomize")
-    frag = P.emit(p, "kustomize")
+        emit(_plan("sd3.5-large"), "kustomize")
+    frag = emit(p, "kustomize")
     doc = yaml.safe_load(frag)
     assert doc["kind"] == "Component"
     assert {r["name"]: r["count"] for r in doc["replicas"]} == {"explorer": x.explorers, "regenerator": x.regenerators}
@@ -312,6 +313,6 @@ def test_the_real_presets_fit_8_gpus_of_each_kind():
             assert p.gradient_checkpointing == (gpu == "h100")   # the B200s hold both trainers without it
             # the hopper / b200 overlays' plan component for this preset (was refused on H100: "does not fit")
             dis = _plan(model, gpu=gpu, layout="disaggregated")
-            doc = yaml.safe_load(P.emit(dis, "kustomize", ["rollout.explore_precision.backend=fp8"]))
+            doc = yaml.safe_load(emit(dis, "kustomize", ["rollout.explore_precision.backend=fp8"]))
             assert {r["name"]: r["count"] for r in doc["replicas"]} == {"explorer": dis.best.explorers,
                                                                          "regenerator": dis.best.regenerators}

@@ -12,7 +12,8 @@ import torch
 
 from solrl.models import load_model
 from solrl.models.shapes import ShapesModel
-from solrl.models.shapes_pretrain import PretrainConfig, PromptSampler, form_weights, lr_at, pretrain
+from solrl.pretrain.shapes import PretrainConfig, lr_at, pretrain
+from solrl.prompts import PromptSampler, form_weights
 from solrl.world.shapes import parse, split_prompts
 
 
@@ -62,7 +63,7 @@ def test_guided_tracking_scores_the_guided_samples():
     """heldout_guided is the held-out evaluation sampled with CFG at track_guidance: equal to that evaluation
     run on its own, and not the unguided one (on the bundled base, which draws objects)."""
     from solrl.evaluate import eval_prompts, evaluate
-    from solrl.models.shapes_pretrain import track
+    from solrl.pretrain.shapes import track
     from solrl.rollout import SamplerSpec
     from solrl.world.shapes import split_prompts
 
@@ -85,7 +86,7 @@ def test_pretrain_rejects_a_guidance_scale_of_one_or_less(tmp_path):
 
 def test_ema_warms_up():
     """d_n = min(decay, (1 + n) / (10 + n)): the first update keeps only 10% of the initial weights."""
-    from solrl.models.shapes_pretrain import _warm_ema
+    from solrl.pretrain.shapes import _warm_ema
 
     update = _warm_ema(0.999)
     ema, new, ids = torch.zeros(3), torch.ones(3), torch.tensor([1, 2])

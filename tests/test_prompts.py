@@ -100,7 +100,7 @@ def test_uniform_draw_is_deterministic_and_distinct():
 def test_shapes_relation_share():
     """prompts.relation_share sets the share of relation captions in an epoch's shapes prompts; the default
     draws exactly what the form-balanced sampler drew before the setting existed (same rng, same prompts)."""
-    from solrl.models.shapes_pretrain import FORM_WEIGHTS, PromptSampler
+    from solrl.prompts import FORM_WEIGHTS, PromptSampler
     from solrl.world.shapes import parse
 
     train = list(split_prompts()[0])

@@ -12,8 +12,8 @@ from solrl.config import apply_overrides, get_preset
 from solrl.loop import train
 from solrl.models import load_model
 from solrl.models.shapes import SPEC, ShapesModel, denoiser_kind, transformer_config
-from solrl.models.shapes_pretrain import PretrainConfig, pretrain
 from solrl.precision import PrecisionConfig, build_backend
+from solrl.pretrain.shapes import PretrainConfig, pretrain
 
 CLASSES = {"pixart": "PixArtTransformer2DModel", "sana": "SanaTransformer2DModel", "unet": "UNet2DConditionModel"}
 

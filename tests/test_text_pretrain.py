@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from solrl.models.shapes import ShapesModel
-from solrl.models.shapes_pretrain import PretrainConfig, pretrain
-from solrl.models.shapes_text_pretrain import (
+from solrl.pretrain.shapes import PretrainConfig, pretrain
+from solrl.pretrain.shapes_text import (
     TextPretrainConfig,
     _opposite,
     hard_negatives,

@@ -19,8 +19,9 @@ from solrl.models import ENV_CUDA_STANDIN
 from solrl.models.diffusers_t2i import FAMILIES
 from solrl.models.diffusers_tiny import TINY
 from solrl.precision import BACKEND_NAMES, PrecisionConfig, available_backends, build_backend, runnable_backends
-from solrl.precision.base import denoiser_blocks, same_format
+from solrl.precision.base import denoiser_blocks
 from solrl.precision.emulated_te import FP8E4M3EmuBackend, FP8E4M3EmuLinear
+from solrl.precision.registry import same_format
 from solrl.precision.torchao_fp8 import FP8TorchaoBackend, FP8TorchaoLinear, torchao_fp8_requirement_error
 
 HAS_CUDA = torch.cuda.is_available()

@@ -74,3 +74,19 @@ def run_main(prog: str, description: str, add_arguments: Callable[[argparse.Argu
     except ValueError as err:
         p.error(str(err))
     return run(args)
+
+
+def serve_dashboard(run_dir, host: str, port: int) -> int:
+    """`solrl dashboard RUN_DIR`: serve the run's live page until Ctrl-C / SIGTERM; the page re-reads the directory
+    while a run writes it."""
+    from solrl.dashboard import create_app
+
+    http = HttpServer(create_app(run_dir), host, port)
+    stop = threading.Event()
+    with stop_on_signals(stop):
+        http.start()
+        print(f"solrl dashboard: http://{http.host}:{http.port}/dashboard  ({run_dir})", flush=True)
+        while not stop.wait(0.5):
+            pass
+        http.stop()
+    return 0

@@ -49,7 +49,7 @@ from services.common.adapter_reload import (
     VERSION_HEADER,
 )
 from services.common.auth import authorized, metadata, read_data_token
-from services.common.env import ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, split_overrides
+from services.common.env import ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, ENV_REDIS_URL, split_overrides
 from services.common.grpc_server import (
     MAX_GRPC_MESSAGE_SIZE,
     GrpcService,
@@ -59,7 +59,6 @@ from services.common.grpc_server import (
 from services.common.lifecycle import run_main, stop_on_signals
 from services.common.metrics import ServiceMetrics, TrainingMetrics
 from services.common.ops import HttpServer, create_ops_app
-from services.common.workers import ENV_REDIS_URL
 from services.trainer.args import (  # noqa: F401 (the options live there, light; re-exported here)
     DEFAULT_GRPC_PORT,
     DEFAULT_HTTP_PORT,
@@ -77,7 +76,7 @@ from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2_grpc
 from solrl.pb.solrl.regenerator.v1 import regenerator_pb2_grpc
 from solrl.pb.solrl.trainer.v1 import trainer_pb2, trainer_pb2_grpc
-from solrl.precision.base import same_format
+from solrl.precision.registry import same_format
 from solrl.queue import QueueConfig, build_queue
 
 log = logging.getLogger("solrl.services.trainer")

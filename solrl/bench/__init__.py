@@ -1,6 +1,7 @@
 """`solrl bench <name>`: the paper's claims measured on the shapes world, and our own costs.
 
-Each benchmark is a module `solrl.bench.<name>` with `run(out: Path, small: bool, **kw) -> dict`
+Each benchmark is a module `solrl.bench.<name>` (`serve`: services/bench.py, an entry point) with
+`run(out: Path, small: bool, **kw) -> dict`
 that writes `out/<name>.json` and `out/<name>.md` (machine described; see `common.write_results`).
 """
 
@@ -26,13 +27,21 @@ BENCHES: dict[str, str] = {
     "sensitivity": "image error of the low-precision explorer per block and per layer kind (one part quantized at a time)",
 }
 
+# benchmarks that live with the services (services/bench.py), by their `solrl.services` entry point
+PLUGIN_BENCHES = {"serve": "bench-serve"}
+
 
 def run_bench(name: str, out: Path, small: bool = False, **kw: Any) -> dict[str, Any]:
     if name not in BENCHES:
         raise ValueError(f"unknown bench {name!r}; available: {sorted(BENCHES)}")
-    module = importlib.import_module(f"solrl.bench.{name}")
-    accepted = inspect.signature(module.run).parameters
+    if name in PLUGIN_BENCHES:   # measured through the services, which the core does not import (solrl/plugins.py)
+        from solrl import plugins
+
+        run = plugins.load(PLUGIN_BENCHES[name])
+    else:
+        run = importlib.import_module(f"solrl.bench.{name}").run
+    accepted = inspect.signature(run).parameters
     unknown = sorted(k for k in kw if k not in accepted)
     if unknown:
         raise ValueError(f"bench {name!r} does not take {', '.join(unknown)}")
-    return module.run(Path(out), small=small, **kw)
+    return run(Path(out), small=small, **kw)

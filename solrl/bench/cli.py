@@ -1,6 +1,7 @@
 """How fast the command line answers: `solrl --help` and every subcommand's `--help` (each a fresh Python
 process, median of `repeats`), against `python -c pass` (the interpreter alone) and `python -c "import torch"`
-(what a CLI that imports the model stack pays before it can print anything)."""
+(what a CLI that imports the model stack pays before it can print anything). The list of subcommands comes from
+the caller (`solrl bench cli` passes `solrl.cli.command_words()`)."""
 
 from __future__ import annotations
 
@@ -27,24 +28,17 @@ def _median_s(argv: list[str], repeats: int) -> float:
     return statistics.median(times)
 
 
-def commands() -> list[list[str]]:
-    """`--help` of the top level and of every subcommand (the service roles' own options included)."""
-    from solrl.cli import _all_parsers, build_parser
-
-    out = [[]]
-    for sp in _all_parsers(build_parser()):
-        words = sp.prog.split()[1:]  # "solrl bench" -> ["bench"]
-        if words and words not in out:
-            out.append(words)
-    return out
-
-
-def run(out: Path, small: bool = False, repeats: int | None = None) -> dict[str, Any]:
+def run(out: Path, small: bool = False, repeats: int | None = None,
+        commands: tuple[tuple[str, ...], ...] = ()) -> dict[str, Any]:
+    """`commands`: the subcommands to time, as words (`solrl.cli.command_words()`, which `solrl bench cli` passes:
+    the command line sits above the benchmarks, so they take its list rather than import it)."""
+    if not commands:
+        raise ValueError("bench 'cli' needs the subcommands to time (commands=solrl.cli.command_words())")
     n = repeats or (1 if small else 5)
     py = sys.executable
     rows = [{"command": "python -c pass", "seconds": _median_s([py, "-c", "pass"], n)},
             {"command": 'python -c "import torch"', "seconds": _median_s([py, "-c", "import torch"], n)}]
-    cmds = commands()[:3] if small else commands()
+    cmds = [list(c) for c in (commands[:3] if small else commands)]
     for words in cmds:
         rows.append({"command": " ".join(["solrl", *words, "--help"]),
                      "seconds": _median_s([py, "-m", "solrl.cli", *words, "--help"], n)})

@@ -1,11 +1,10 @@
-"""The precision-backend interface, its config and the name -> class registry."""
+"""The precision-backend interface and `BACKENDS`, the table each backend module adds itself to when imported
+(`register_backend`); building a backend by name is `solrl/precision/registry.py`, which imports them all."""
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import importlib.util
-import logging
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import ClassVar
@@ -54,80 +53,6 @@ def register_backend(cls: type[PrecisionBackend]) -> type[PrecisionBackend]:
         raise ValueError(f"precision backend {cls.name!r} is already registered")
     BACKENDS[cls.name] = cls
     return cls
-
-
-def _load_backends() -> None:
-    """Import the modules that register the built-in backends (the package imports them lazily)."""
-    import solrl.precision.emulated  # noqa: F401
-    import solrl.precision.emulated_te  # noqa: F401
-    import solrl.precision.reference  # noqa: F401
-    import solrl.precision.torchao_fp8  # noqa: F401
-    import solrl.precision.transformer_engine  # noqa: F401
-
-
-def same_format(a: str, b: str) -> bool:
-    """Whether two backend names compute the same format: equal, or an emulation and the kernel it emulates
-    (nvfp4-emu / nvfp4-te-emu and nvfp4, fp8-e4m3-emu and fp8), or another implementation of a kernel's format
-    (fp8-torchao and fp8)."""
-    _load_backends()
-    return kernel_name(a) == kernel_name(b)
-
-
-def kernel_name(name: str) -> str:
-    """The kernel backend whose format `name` computes: what it emulates or implements, else `name` itself."""
-    _load_backends()
-    cls = BACKENDS.get(name)
-    return ((cls.emulates or cls.implements) if cls is not None else None) or name
-
-
-def available_backends() -> list[str]:
-    """Names of the registered backends, sorted."""
-    _load_backends()
-    return sorted(BACKENDS)
-
-
-def runnable_backends() -> list[str]:
-    """The registered backends this machine can run: those without a machine check (`check_environment`, the
-    Transformer Engine ones: CUDA, compute capability, the package) or whose check passes."""
-    out = []
-    for name in available_backends():
-        backend = build_backend(PrecisionConfig(name))
-        try:
-            getattr(backend, "check_environment", lambda: None)()
-        except RuntimeError:
-            continue
-        out.append(name)
-    return out
-
-
-# Backends built for a Transformer Engine name where the transformer_engine package is not installed
-TE_FALLBACK = {"fp8": "fp8-torchao"}
-
-
-def build_backend(cfg: PrecisionConfig) -> PrecisionBackend:
-    """Instantiate the backend that `cfg.backend` names. `fp8` without Transformer Engine installed is built as
-    `fp8-torchao` (torchao's FP8 GEMM, the same format; its `cfg.backend` stays `fp8`)."""
-    if not isinstance(cfg, PrecisionConfig):
-        raise TypeError(f"cfg must be a PrecisionConfig, got {type(cfg).__name__}")
-    _load_backends()
-    if cfg.backend not in BACKENDS:
-        raise ValueError(
-            f"unknown precision backend {cfg.backend!r}; available: {available_backends()}"
-        )
-    from solrl.models import ENV_CUDA_STANDIN, cuda_stood_in
-
-    if cuda_stood_in():  # tests only (solrl.models.ENV_CUDA_STANDIN)
-        kernel = kernel_name(cfg.backend)
-        emulation = sorted((n for n, c in BACKENDS.items() if c.emulates == kernel),
-                           key=lambda n: "te-emu" not in n)
-        if emulation:
-            logging.getLogger(__name__).warning("%s=1: precision %s built as its CPU emulation %s (a test stand-in)",
-                                                ENV_CUDA_STANDIN, cfg.backend, emulation[0])
-            return BACKENDS[emulation[0]](dataclasses.replace(cfg, backend=emulation[0]))
-    fallback = TE_FALLBACK.get(cfg.backend)
-    if fallback is not None and importlib.util.find_spec("transformer_engine") is None:
-        return BACKENDS[fallback](cfg)
-    return BACKENDS[cfg.backend](cfg)
 
 
 def is_plain_linear(module: nn.Module) -> bool:

@@ -19,12 +19,12 @@ import torch
 
 from solrl.precision.base import (
     PrecisionConfig,
-    build_backend,
     denoiser_blocks,
     layer_macs,
     with_model_skips,
 )
 from solrl.precision.config import kernel_backend
+from solrl.precision.registry import build_backend
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,8 @@ from tqdm import tqdm
 from transformers import CLIPTextModel
 
 from solrl.models.shapes import BOS, PAD, images_to_latents, text_encoder_config, token_ids
-from solrl.models.shapes_pretrain import PromptSampler, form_weights, lr_at
+from solrl.pretrain.shapes import lr_at
+from solrl.prompts import PromptSampler, form_weights
 from solrl.world.shapes import IMAGE_SIZE, parse, render, reverse_relation, split_prompts
 
 

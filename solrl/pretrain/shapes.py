@@ -19,18 +19,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from solrl.models.shapes import ShapesModel, images_to_latents
+from solrl.prompts import PromptSampler, form_weights
 from solrl.world.shapes import parse, render, split_prompts
-
-FORM_WEIGHTS = {"single": 0.4, "count": 0.2, "relation": 0.4}
-
-
-def form_weights(relation_share: float) -> dict[str, float]:
-    """Caption-form mix with `relation_share` of relations; the other forms keep FORM_WEIGHTS' proportions
-    (at the default share the scale is exactly 1: FORM_WEIGHTS itself)."""
-    if not 0 < relation_share < 1:
-        raise ValueError(f"relation_share must be in (0, 1), got {relation_share!r}")
-    scale = (1 - relation_share) / (1 - FORM_WEIGHTS["relation"])
-    return {f: relation_share if f == "relation" else w * scale for f, w in FORM_WEIGHTS.items()}
 
 
 @dataclass
@@ -72,26 +62,6 @@ class PretrainConfig:
                                    # drawn on the CPU from the seeded generators either way, then moved
     track_on_device: bool = False  # tracking samples run their forwards on `device` too (fast sweeps on a GPU);
                                    # default: on a CPU copy, as the rollouts that use the bundled model run
-
-
-class PromptSampler:
-    """Form-balanced random training captions (deterministic given the rng)."""
-
-    def __init__(self, captions: list[str], weights: dict[str, float] | None = None) -> None:
-        self.by_form: dict[str, list[str]] = {}
-        for c in captions:
-            self.by_form.setdefault(parse(c).form, []).append(c)
-        weights = weights or FORM_WEIGHTS
-        self.forms = list(weights)
-        self.p = np.array([weights[f] for f in self.forms])
-
-    def __call__(self, rng: np.random.Generator, n: int) -> list[str]:
-        forms = rng.choice(len(self.forms), size=n, p=self.p)
-        out = []
-        for f in forms:
-            pool = self.by_form[self.forms[f]]
-            out.append(pool[int(rng.integers(len(pool)))])
-        return out
 
 
 def _parent_card(init_from: str | None) -> dict | None:

@@ -1,0 +1,78 @@
+"""Precision backends by name: `build_backend(PrecisionConfig(...))` and what is registered and runnable here.
+
+The registry sits above the backends it lists: importing it imports every built-in backend module, each of
+which adds its classes to `BACKENDS` (solrl/precision/base.py) with `register_backend`. The backends import
+only the interface (and each other's shared pieces), never this module, so the package has no import circle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+
+from solrl.models import ENV_CUDA_STANDIN, cuda_stood_in
+
+# imported for their registrations: each module adds its backends to BACKENDS
+from solrl.precision import emulated, emulated_te, reference, torchao_fp8, transformer_engine  # noqa: F401
+from solrl.precision.base import BACKENDS, PrecisionBackend
+from solrl.precision.config import PrecisionConfig
+
+
+def same_format(a: str, b: str) -> bool:
+    """Whether two backend names compute the same format: equal, or an emulation and the kernel it emulates
+    (nvfp4-emu / nvfp4-te-emu and nvfp4, fp8-e4m3-emu and fp8), or another implementation of a kernel's format
+    (fp8-torchao and fp8)."""
+    return kernel_name(a) == kernel_name(b)
+
+
+def kernel_name(name: str) -> str:
+    """The kernel backend whose format `name` computes: what it emulates or implements, else `name` itself."""
+    cls = BACKENDS.get(name)
+    return ((cls.emulates or cls.implements) if cls is not None else None) or name
+
+
+def available_backends() -> list[str]:
+    """Names of the registered backends, sorted."""
+    return sorted(BACKENDS)
+
+
+def runnable_backends() -> list[str]:
+    """The registered backends this machine can run: those without a machine check (`check_environment`, the
+    Transformer Engine ones: CUDA, compute capability, the package) or whose check passes."""
+    out = []
+    for name in available_backends():
+        backend = build_backend(PrecisionConfig(name))
+        try:
+            getattr(backend, "check_environment", lambda: None)()
+        except RuntimeError:
+            continue
+        out.append(name)
+    return out
+
+
+# Backends built for a Transformer Engine name where the transformer_engine package is not installed
+TE_FALLBACK = {"fp8": "fp8-torchao"}
+
+
+def build_backend(cfg: PrecisionConfig) -> PrecisionBackend:
+    """Instantiate the backend that `cfg.backend` names. `fp8` without Transformer Engine installed is built as
+    `fp8-torchao` (torchao's FP8 GEMM, the same format; its `cfg.backend` stays `fp8`)."""
+    if not isinstance(cfg, PrecisionConfig):
+        raise TypeError(f"cfg must be a PrecisionConfig, got {type(cfg).__name__}")
+    if cfg.backend not in BACKENDS:
+        raise ValueError(
+            f"unknown precision backend {cfg.backend!r}; available: {available_backends()}"
+        )
+    if cuda_stood_in():  # tests only (solrl.models.ENV_CUDA_STANDIN)
+        kernel = kernel_name(cfg.backend)
+        emulation = sorted((n for n, c in BACKENDS.items() if c.emulates == kernel),
+                           key=lambda n: "te-emu" not in n)
+        if emulation:
+            logging.getLogger(__name__).warning("%s=1: precision %s built as its CPU emulation %s (a test stand-in)",
+                                                ENV_CUDA_STANDIN, cfg.backend, emulation[0])
+            return BACKENDS[emulation[0]](dataclasses.replace(cfg, backend=emulation[0]))
+    fallback = TE_FALLBACK.get(cfg.backend)
+    if fallback is not None and importlib.util.find_spec("transformer_engine") is None:
+        return BACKENDS[fallback](cfg)
+    return BACKENDS[cfg.backend](cfg)
