@@ -66,3 +66,36 @@ def test_selection_refuses_bad_arguments_before_training(tmp_path, bad, capsys):
         assert main(["bench", "selection", "--small", "--out", str(tmp_path), *bad]) == 2
     err = capsys.readouterr().err
     assert ("--arms" in err or "--pools" in err) and not (tmp_path / "selection_runs").exists()
+
+
+def _run(seed: int, rewards: list[float], cost_per_epoch: float) -> dict:
+    from solrl.bench.selection import MECHANISM
+
+    pts = [{"epoch": e, "reward": r, "cost_bf16_fwd": e * cost_per_epoch} for e, r in enumerate(rewards)]
+    return {"seed": seed, "points": pts, "cost_per_epoch": cost_per_epoch, "primary": float(np.mean(rewards[1:])),
+            "mechanism": {k: [0.1] * (len(rewards) - 1) for k in MECHANISM}}
+
+
+def test_arms_with_fewer_seeds_pair_over_the_seeds_both_ran():
+    from solrl.bench.selection import parse_arms, summarise
+
+    assert parse_arms(("none", "oracle", "proxy_nvfp4:2"), 3) == {"none": 3, "oracle": 3, "proxy_nvfp4": 2}
+    for bad in (("best",), ("none:x",), ("none:4",), ("none:0",)):
+        with pytest.raises(ValueError, match="--arms"):
+            parse_arms(bad, 3)
+    arms = {"none": {"runs": [_run(s, [0.7, 0.7 + 0.01 * s, 0.72], 100) for s in range(3)]},
+            "oracle": {"runs": [_run(s, [0.7, 0.75, 0.76 + 0.01 * s], 120) for s in range(3)]},
+            "proxy_nvfp4": {"runs": [_run(s, [0.7, 0.74, 0.75], 110) for s in range(2)]}}
+    out = summarise(arms, 2)
+    links = {(x["a"], x["b"]): x for x in out["links"]}
+    assert links[("oracle", "none")]["seeds"] == [0, 1, 2] and len(links[("proxy_nvfp4", "oracle")]["diffs"]) == 2
+    want = [np.mean([0.74, 0.75]) - np.mean([0.7 + 0.01 * s, 0.72]) for s in range(2)]
+    assert links[("proxy_nvfp4", "none")]["diffs"] == pytest.approx(want, abs=1e-4)
+    # at equal cost: every priced arm read at the smallest final cost (none's 200), oracle at 200 / 120 epochs
+    eq = out["at_equal_cost"]
+    assert eq["cost_bf16_fwd"] == 200 and eq["reward"]["none"]["mean"] == pytest.approx(0.72)
+    oracle_at = [np.interp(200, [0, 120, 240], [0.7, 0.75, 0.76 + 0.01 * s]) for s in range(3)]
+    assert eq["reward"]["oracle"]["mean"] == pytest.approx(np.mean(oracle_at), abs=1e-4)
+    assert out["power"]["seeds_run"] == 3
+    # oracle reaches none's final mean reward (0.72) at epoch 1, at 120 BF16-forward equivalents
+    assert arms["oracle"]["epochs_to_none_final"] == 1 and arms["oracle"]["cost_to_none_final"] == 120

@@ -80,6 +80,26 @@ def seeds_for(sd: float, target_half: float = 0.01, most: int = 1000) -> int | N
     return None
 
 
+def parse_arms(arms: tuple[str, ...], repeats: int) -> dict[str, int]:
+    """{arm: run seeds} from "name" (`repeats` seeds) or "name:N" (the first N of them: a pilot arm run on fewer
+    seeds; its differences pair over the seeds both arms ran)."""
+    out: dict[str, int] = {}
+    for item in arms:
+        name, _, count = item.partition(":")
+        if name not in ARMS:
+            raise ValueError(f"--arms: unknown arm {name!r}; available: {sorted(ARMS)}")
+        try:
+            n = int(count) if count else repeats
+        except ValueError:
+            raise ValueError(f"--arms: {item!r}: the seed count after ':' must be an integer") from None
+        if not 1 <= n <= repeats:
+            raise ValueError(f"--arms: {item!r}: the seed count must be between 1 and --repeats ({repeats})")
+        out[name] = n
+    if not out:
+        raise ValueError(f"--arms: no arm given; available: {sorted(ARMS)}")
+    return out
+
+
 def mechanism(run_dir: Path) -> dict[str, list[float | None]]:
     """Per trained epoch (1, 2, ...), the MECHANISM figures a run recorded (None where it has none)."""
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -100,12 +120,10 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
         pools: tuple[int, ...] | None = None, overrides: tuple[str, ...] = (), target_half: float = 0.01) -> dict[str, Any]:
     """`repeats` run seeds (seed, seed+1, ...) per arm and pool size, `jobs` runs at once on `threads` torch threads
     each; finished runs under `out` with the same settings are reused (a study continues where it stopped)."""
-    chosen = tuple(arms or ARMS)
-    unknown = [a for a in chosen if a not in ARMS]
-    if unknown or not chosen:
-        raise ValueError(f"--arms: unknown arm(s) {unknown}; available: {sorted(ARMS)}")
-    n_epochs = epochs or (2 if small else 8)
     n_seeds = repeats or (2 if small else 3)
+    counts = parse_arms(arms or tuple(ARMS), n_seeds)
+    chosen = tuple(counts)
+    n_epochs = epochs or (2 if small else 8)
     sizes = tuple(pools or ((6,) if small else (16,)))
     kept = 4 if small else 8
     if any(n <= kept for n in sizes):
@@ -133,8 +151,9 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     trained_on, judge = effective.reward, effective.eval.reward or effective.reward
     plan = [(arm, n, s, sets + ARMS[arm][0] + [f"rollout.pool={n}", f"seed={s}"],
              out / f"{name}_runs" / f"{arm}_n{n}_seed{s}")
-            for n in sizes for s in range(seed, seed + n_seeds) for arm in chosen]  # seed-major: a stopped study
-    # has whole seeds to pair, and a rerun with fewer --repeats reuses them
+            for n in sizes for s in range(seed, seed + n_seeds) for arm in chosen
+            if s < seed + counts[arm]]  # seed-major: a stopped study has whole seeds to pair, and a rerun with fewer
+    # --repeats reuses them
     results = run_all([(PRESET, p[3], p[4]) for p in plan], jobs)
     last = n_epochs
     table: dict[str, Any] = {}
@@ -142,7 +161,8 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
         entry = table.setdefault(f"n{n}", {}).setdefault(arm, {"runs": []})
         entry["runs"].append({"seed": s, **res, "primary": round(primary(res, last), 4), "mechanism": mechanism(run_dir)})
     pools_out = {key: summarise(arms_, last) for key, arms_ in table.items()}
-    result = {"preset": PRESET, "arms": {a: ARMS[a][1] for a in chosen}, "pools": list(sizes), "kept": kept,
+    result = {"preset": PRESET, "arms": {a: ARMS[a][1] for a in chosen}, "seeds_per_arm": counts,
+              "pools": list(sizes), "kept": kept,
               "epochs": n_epochs, "primary_epochs": [1, last], "seeds": list(range(seed, seed + n_seeds)),
               "reward": trained_on, "eval_reward": judge, "settings": sets, "jobs": jobs, "threads_per_run": per_run,
               "target_half": target_half, "by_pool": pools_out}
@@ -167,17 +187,22 @@ def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
     out: dict[str, Any] = {"arms": arms, "links": [], "at_equal_cost": None}
     for a, b, what in LINKS:
         if a in arms and b in arms:
-            out["links"].append({"a": a, "b": b, "what": what,
-                                 **paired([r["primary"] for r in arms[a]["runs"]], [r["primary"] for r in arms[b]["runs"]])})
+            ra, rb = _common(arms[a]["runs"], arms[b]["runs"])
+            out["links"].append({"a": a, "b": b, "what": what, "seeds": [r["seed"] for r in ra],
+                                 **paired([r["primary"] for r in ra], [r["primary"] for r in rb])})
     priced = [k for k in arms if k != "random"]
     if len(priced) > 1:
         budget = min(arms[k]["runs"][0]["points"][-1]["cost_bf16_fwd"] for k in priced)
-        at = {k: [float(np.interp(budget, [p["cost_bf16_fwd"] for p in r["points"]], [p["reward"] for p in r["points"]]))
-                  for r in arms[k]["runs"]] for k in priced}
-        out["at_equal_cost"] = {"cost_bf16_fwd": round(budget, 1),
-                                "reward": {k: dict(zip(("mean", "ci95"), _round(*interval(v)))) for k, v in at.items()},
-                                "links": [{"a": a, "b": b, **paired(at[a], at[b])} for a, b, _ in LINKS
-                                          if a in at and b in at]}
+        at = {k: {r["seed"]: float(np.interp(budget, [p["cost_bf16_fwd"] for p in r["points"]],
+                                             [p["reward"] for p in r["points"]])) for r in arms[k]["runs"]} for k in priced}
+        links = []
+        for a, b, _ in LINKS:
+            if a in at and b in at:
+                both = [s for s in at[a] if s in at[b]]
+                links.append({"a": a, "b": b, "seeds": both, **paired([at[a][s] for s in both], [at[b][s] for s in both])})
+        out["at_equal_cost"] = {"cost_bf16_fwd": round(budget, 1), "links": links,
+                                "reward": {k: dict(zip(("mean", "ci95"), _round(*interval(list(v.values())))))
+                                           for k, v in at.items()}}
     pilot = next((x for x in out["links"] if (x["a"], x["b"]) == ("oracle", "none")), None)
     if pilot and pilot["sd"] is not None:
         out["power"] = {"sd_oracle_minus_none": pilot["sd"], "seeds_run": len(pilot["diffs"]),
@@ -192,6 +217,13 @@ def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
             arm["cost_to_none_final"] = round(float(costs[hit]), 1) if hit is not None else None
             arm["epochs_to_none_final"] = arm["epochs"][hit] if hit is not None else None
     return out
+
+
+def _common(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The runs of two arms on the run seeds both have, in seed order (the pairs)."""
+    sb = {r["seed"]: r for r in b}
+    ra = [r for r in a if r["seed"] in sb]
+    return ra, [sb[r["seed"]] for r in ra]
 
 
 def _round(mean: float, half: float) -> tuple[float, float | None]:
@@ -232,7 +264,8 @@ def plot(by_pool: dict[str, Any], path: Path, reward: str) -> None:
             kw = {"color": f"C{i}", "label": arm, "marker": "o", "ms": 3}
             row[0].plot(a["epochs"], a["reward_by_epoch"], **kw)
             if none is not None and arm != "none":  # paired difference per epoch, mean and 95% interval
-                d = [[r["points"][j]["reward"] - n["points"][j]["reward"] for r, n in zip(a["runs"], none["runs"])]
+                ra, rn = _common(a["runs"], none["runs"])
+                d = [[r["points"][j]["reward"] - n["points"][j]["reward"] for r, n in zip(ra, rn)]
                      for j in range(len(a["epochs"]))]
                 m = np.array([interval(x)[0] for x in d])
                 h = np.nan_to_num(np.array([interval(x)[1] for x in d]))
@@ -270,7 +303,7 @@ def markdown(r: dict[str, Any], name: str) -> str:
              f"seeds {r['seeds']} (each seed: the same prompts and pool of noises in every arm). Primary measure, fixed "
              f"before the runs: the held-out reward averaged over epochs {r['primary_epochs'][0]}-{r['primary_epochs'][1]}. "
              f"Intervals: 95% Student-t over seeds (paired for differences). Plot `{name}.png`. Arms:", ""]
-    lines += [f"- `{a}`: {text}" for a, text in r["arms"].items()]
+    lines += [f"- `{a}` ({r['seeds_per_arm'][a]} seeds): {text}" for a, text in r["arms"].items()]
     for key, pool in r["by_pool"].items():
         arms = pool["arms"]
         lines += ["", f"## Pool {key[1:]}", "",
@@ -288,7 +321,7 @@ def markdown(r: dict[str, Any], name: str) -> str:
         lines += ["", "Paired differences of the primary measure:", "",
                   "| difference | tests | mean ± 95% | per seed | verdict |", "|---|---|---|---|---|"]
         for link in pool["links"]:
-            lines.append(f"| {link['a']} - {link['b']} | {link['what']} | {_ci(link)} | "
+            lines.append(f"| {link['a']} - {link['b']} | {link['what']} | {_ci(link)} ({len(link['diffs'])} pairs) | "
                          f"{', '.join(f'{d:+.3f}' for d in link['diffs'])} | {verdict(link)} |")
         eq = pool["at_equal_cost"]
         if eq:
