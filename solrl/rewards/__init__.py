@@ -16,12 +16,16 @@ from typing import Protocol
 
 import numpy as np
 
+from solrl.rewards.inputs import PromptError, check_images
 from solrl.rewards.jpeg import JpegCompressibility
-from solrl.rewards.shapes import ShapesReward, check_images
 from solrl.rewards.weights import MissingWeightsError
 
 
 class Scorer(Protocol):
+    """A reward. A scorer may also give evaluation metrics of its own: a method
+    `score_with_metrics(images, prompts, seeds_per_prompt) -> (scores float64 [N], {field: value})`, which held-out
+    evaluation (solrl.evaluate) calls instead of the scorer when it has one (the shapes bed's exact reward does)."""
+
     name: str
 
     def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray: ...
@@ -97,9 +101,10 @@ def build_reward(name: str, device: str | None = None) -> Scorer:
     return reward_info(name).build(device)
 
 
-# the shapes world's rewards parse renders of that world: they cannot score a video model's frames
-register_reward("shapes", ShapesReward, frames=False)
-register_reward("shapes_dense", "solrl.rewards.shapes_dense:ShapesDenseReward", frames=False)
+# the shapes bed's rewards (solrl/shapes/), imported when built: they parse renders of that world, so they cannot
+# score a video model's frames
+register_reward("shapes", "solrl.shapes.reward:ShapesReward", frames=False)
+register_reward("shapes_dense", "solrl.shapes.dense:ShapesDenseReward", frames=False)
 register_reward("jpeg_compressibility", JpegCompressibility)
 register_reward("ocr", "solrl.rewards.ocr:OcrReward", requires=("rapidocr_onnxruntime", "rapidfuzz"),
                 weights="none to download (rapidocr_onnxruntime ships its ONNX models)")
@@ -120,5 +125,5 @@ register_reward("hpsv3", "solrl.rewards.hps:HPSv3", needs_weights=True,
                         "(envs/hpsv3/install.sh)")
 
 
-__all__ = ["MissingWeightsError", "RewardInfo", "Scorer", "available_rewards", "build_reward", "check_images",
+__all__ = ["MissingWeightsError", "PromptError", "RewardInfo", "Scorer", "available_rewards", "build_reward", "check_images",
            "ready_rewards", "register_reward", "reward_info"]
