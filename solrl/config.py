@@ -7,7 +7,6 @@ loaded from JSON; `validate()` rejects bad values before any work starts.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 from solrl.precision import PrecisionConfig
 from solrl.prompts import takes_relation_share
+from solrl.registry import load_entry
 
 MODES = ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant")
 SELECTIONS = ("best_worst", "random", "mean_deviation", "extremes_random")
@@ -627,8 +627,7 @@ def _entry_preset(target: str) -> Callable[[], RunConfig]:
     solrl/shapes/presets.py) registers its presets without the core importing it."""
 
     def build() -> RunConfig:
-        mod, _, attr = target.partition(":")
-        return getattr(importlib.import_module(mod), attr)()
+        return load_entry(target)()
 
     return build
 

@@ -25,12 +25,13 @@ which sits above the core and is never imported by it otherwise.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from solrl.registry import load_entry
 
 FILE_SUFFIXES = (".txt", ".jsonl", ".json")
 MAX_PROMPT_CHARS = 4096
@@ -92,13 +93,6 @@ class PromptFamily:
     load: Callable[[str], list[str]] | str
     sampler: Callable[..., Any] | str | None = None
     eval_subset: Callable[[int, list[str]], list[str]] | str | None = None
-
-
-def _resolve(ref: Any) -> Any:
-    if isinstance(ref, str):
-        mod, _, attr = ref.partition(":")
-        return getattr(importlib.import_module(mod), attr)
-    return ref
 
 
 _FAMILIES: dict[str, PromptFamily] = {}
@@ -174,7 +168,7 @@ def load_prompt_set(name: str) -> list[str]:
     name = name.strip()
     family = prompt_family(name)
     if name in builtin_sets():
-        prompts = list(_resolve(family.load)(name.partition(":")[2]))
+        prompts = list(load_entry(family.load)(name.partition(":")[2]))
     elif family is not None and not Path(name).suffix:
         raise PromptSetError(f"unknown built-in prompt set {name!r}; built-in sets: {list(builtin_sets())}")
     else:
@@ -196,7 +190,7 @@ def eval_subset(name: str, n: int) -> list[str]:
     form-stratified subset), else its first `n`."""
     family = prompt_family(name)
     if family is not None and family.eval_subset is not None:
-        return _resolve(family.eval_subset)(n, load_prompt_set(name))
+        return load_entry(family.eval_subset)(n, load_prompt_set(name))
     return load_prompt_set(name)[:n]
 
 
@@ -219,7 +213,7 @@ def prompt_sampler(name: str, prompts: list[str], relation_share: float | None =
     `relation_share` of them relations, None: the pretraining mix's), else uniform."""
     family = prompt_family(name)
     if family is not None and family.sampler is not None:
-        return _resolve(family.sampler)(prompts, relation_share)
+        return load_entry(family.sampler)(prompts, relation_share)
     return UniformPromptSampler(prompts)
 
 

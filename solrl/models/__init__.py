@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 from solrl.models.base import Cond, ModelSpec, T2IModel
+from solrl.registry import load_entry
 
 
 def _entry_loader(target: str) -> Callable[[str | None], T2IModel]:
@@ -16,8 +16,7 @@ def _entry_loader(target: str) -> Callable[[str | None], T2IModel]:
     a package above the core (the shapes bed, solrl/shapes/) registers its model without the core importing it."""
 
     def load(path: str | None, device: str | None = None) -> T2IModel:
-        mod, _, attr = target.partition(":")
-        return getattr(importlib.import_module(mod), attr).load(path, device=device)
+        return load_entry(target).load(path, device=device)
 
     return load
 

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from solrl.registry import load_entry
 from solrl.rewards.inputs import PromptError, check_images
 from solrl.rewards.jpeg import JpegCompressibility
 from solrl.rewards.weights import MissingWeightsError
@@ -44,8 +45,7 @@ class RewardInfo:
         """What is absent for this reward to build here (packages, weights); [] = ready. Cheap: loads nothing."""
         out = [f"package {m}" for m in self.requires if importlib.util.find_spec(m) is None]
         if isinstance(self.factory, str) and not out:
-            mod, _, attr = self.factory.partition(":")
-            check = getattr(getattr(importlib.import_module(mod), attr), "missing", None)
+            check = getattr(load_entry(self.factory), "missing", None)
             if check is not None:
                 out += check()
         return out
@@ -57,8 +57,7 @@ class RewardInfo:
             lacking = [m for m in self.requires if importlib.util.find_spec(m) is None]
             if lacking:
                 raise ImportError(f"reward {self.name!r} needs the packages {lacking}; install them (docs/rewards.md)")
-            mod, _, attr = factory.partition(":")
-            factory = getattr(importlib.import_module(mod), attr)
+            factory = load_entry(factory)
         if device and "device" in inspect.signature(factory).parameters:
             return factory(device=device)
         return factory()
