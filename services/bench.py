@@ -238,7 +238,7 @@ def reward_throughput(batch: int, requests: int, concurrencies: tuple[int, ...])
     import tritonclient.grpc as tgrpc
 
     from solrl.rewards import build_reward
-    from solrl.world.shapes import parse, render, split_prompts
+    from solrl.shapes.world import parse, render, split_prompts
 
     train, _ = split_prompts()
     rng = np.random.default_rng(0)

@@ -156,7 +156,7 @@ def _int_tuple(text: str) -> tuple[int, ...]:
 def cmd_pretrain(a: argparse.Namespace) -> int:
     import torch
 
-    from solrl.pretrain.shapes import PretrainConfig, pretrain
+    from solrl.shapes.pretrain import PretrainConfig, pretrain
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -182,7 +182,7 @@ def cmd_pretrain(a: argparse.Namespace) -> int:
 def cmd_pretrain_text(a: argparse.Namespace) -> int:
     import torch
 
-    from solrl.pretrain.shapes_text import TextPretrainConfig, pretrain_text
+    from solrl.shapes.pretrain_text import TextPretrainConfig, pretrain_text
 
     if a.threads:
         torch.set_num_threads(a.threads)

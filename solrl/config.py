@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from solrl.precision import PrecisionConfig
-from solrl.prompts import is_shapes_set
+from solrl.prompts import takes_relation_share
+from solrl.registry import load_entry
 
 MODES = ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant")
 SELECTIONS = ("best_worst", "random", "mean_deviation", "extremes_random")
@@ -161,7 +162,7 @@ class PromptsConfig:
     eval: str = "shapes:held-out"       # held-out prompts (shapes sets: a fixed, form-stratified subset)
     # shapes sets: the share of relation captions among an epoch's training prompts; single-object and count
     # captions share the rest 2:1 (the pretraining mix's proportions, `solrl shapes pretrain --relation-share`); the default
-    # is FORM_WEIGHTS["relation"] of solrl/pretrain/shapes.py (tests/test_prompts.py checks they agree)
+    # is FORM_WEIGHTS["relation"] of solrl/shapes/prompts.py (tests/test_prompts.py checks they agree)
     relation_share: float = 0.4
 
 
@@ -252,7 +253,7 @@ class RunConfig:
             raise ConfigError("checkpoint_every and threads must be >= 0")
         if not 0 < self.prompts.relation_share < 1:
             raise ConfigError(f"prompts.relation_share must be in (0, 1), got {self.prompts.relation_share}")
-        if self.prompts.relation_share != PromptsConfig.relation_share and not is_shapes_set(self.prompts.train):
+        if self.prompts.relation_share != PromptsConfig.relation_share and not takes_relation_share(self.prompts.train):
             raise ConfigError(f"prompts.relation_share applies to the shapes world's prompt sets only; prompts.train is "
                               f"{self.prompts.train!r}")
         self._validate_precision()
@@ -509,58 +510,7 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
 
 # -------------------------------------------------------------------- presets
 
-def _shapes_base(name: str, mode: str) -> RunConfig:
-    """The shapes world, sized so `make demo` finishes in under 10 minutes on two CPU cores: 8 prompts x
-    16 explored seeds -> 8 kept (the reference: 48 x 96 -> 24).
-
-    The trainer departs from the reference's one optimizer step per epoch at lr 3e-4, because a 15-epoch run
-    of that takes 15 small steps: it takes one step per prompt group (optimizer_steps_per_epoch=0: 8 per
-    epoch) at lr 1e-3 and trains every
-    sample at all 10 rollout timesteps (timestep fraction 1.0; the reference uses 0.6 / 0.4). On the bundled
-    base this raised the held-out exact reward +0.078 in 15 epochs, against +0.024 with one step per epoch at
-    3e-4 and fraction 0.4, and +0.022 with 4 steps (docs/shapes.md). 12 epochs: what fits `make demo`'s 10
-    minutes on two cores since a training forward takes rows of several samples and timesteps (10 before).
-
-    The NFT guidance strength is 0.5 (the reference: 1.0, and 0.1 for its OCR and multi-reward runs): the implicit
-    positive policy beta * v + (1 - beta) * v_old then moves half as far as v, so the loss pulls v twice as far
-    towards the better half of a group. Three run seeds each, on one H200 (benchmarks/results/nft_beta_gpu.md)
-    and on two CPU cores, it ended 12 epochs at 0.825 / 0.813 against 1.0's 0.799 / 0.807 on the same seeds (0.3
-    and 0.2 on the H200: 0.827, 0.828).
-
-    No KL term (train.kl_beta=0; the reference: 1e-4): on this bed kl_beta x KL stays below 1e-6 of the loss
-    (benchmarks/results/profile.md), so the reference forward, a fifth of a training step's passes, bought nothing;
-    the held-out gain without it is measured over four run seeds in benchmarks/results/kl_beta_cpu.md."""
-    cfg = RunConfig(name=name, seed=0, epochs=12, threads=0)
-    cfg.lora = LoraConfig(rank=16, alpha=32.0)
-    cfg.rollout = RolloutConfig(
-        mode=mode, prompts_per_epoch=8, pool=16, kept=8, explore_steps=6, steps=10, micro_batch=128,
-        explore_precision=PrecisionConfig(backend="nvfp4-emu"), precision=PrecisionConfig(backend="bf16"),
-    )
-    cfg.train = TrainConfig(lr=1e-3, micro_batch=32, timestep_fraction=1.0, weight_decay=1e-4,
-                            optimizer_steps_per_epoch=0, beta=0.5, kl_beta=0.0)
-    cfg.eval = EvalConfig(every=5, steps=(10,), prompts=48, seeds_per_prompt=2, reward="shapes")
-    return cfg
-
-
-def shapes_sol_rl() -> RunConfig:
-    return _shapes_base("shapes-sol-rl", "sol_rl")
-
-
-def shapes_diffusion_nft() -> RunConfig:
-    cfg = _shapes_base("shapes-diffusion-nft", "diffusion_nft")
-    cfg.rollout.pool = cfg.rollout.kept
-    return cfg
-
-
-def shapes_naive_scaling() -> RunConfig:
-    return _shapes_base("shapes-naive-scaling", "naive_scaling")
-
-
-def shapes_naive_quant() -> RunConfig:
-    return _shapes_base("shapes-naive-quant", "naive_quant")
-
-
-def _with_flow_grpo(cfg: RunConfig, name: str) -> RunConfig:
+def with_flow_grpo(cfg: RunConfig, name: str) -> RunConfig:
     """`cfg`'s rollouts trained with FlowGRPO (train.algo=flow_grpo) instead of DiffusionNFT: the trained rollouts
     sampled with the SDE at noise level 0.7, PPO clip range 1e-4, advantages clipped to 5 and a KL weight of 0.04
     (yifan123/flow_grpo `config/base.py` and its GenEval / OCR runs in `config/grpo.py`). The two-stage
@@ -569,18 +519,6 @@ def _with_flow_grpo(cfg: RunConfig, name: str) -> RunConfig:
     cfg.train.algo, cfg.train.clip_range, cfg.train.adv_clip_max, cfg.train.kl_beta = "flow_grpo", 1e-4, 5.0, 0.04
     cfg.rollout.sde_eta = 0.7
     return cfg
-
-
-def shapes_flow_grpo() -> RunConfig:
-    """One stage: k seeds per prompt sampled with the SDE in BF16 and trained on (pool = kept), the shapes
-    trainer settings of `_shapes_base` otherwise."""
-    return _with_flow_grpo(shapes_diffusion_nft(), "shapes-flow-grpo")
-
-
-def shapes_sol_flow_grpo() -> RunConfig:
-    """Two stages: the low-precision explorer ranks 16 seeds per prompt with the ODE as shapes-sol-rl does; the 8
-    kept are regenerated in BF16 with the SDE, and those trajectories and log-probs are trained on."""
-    return _with_flow_grpo(shapes_sol_rl(), "shapes-sol-flow-grpo")
 
 
 def _real_base(family: str, model: str, mode: str, *, micro_batch: int, timestep_fraction: float,
@@ -625,7 +563,7 @@ def _real_flow_grpo(family: str, mode: str) -> Callable[[], RunConfig]:
     name = f"{family}-{'sol-' if mode == 'sol_rl' else ''}flow-grpo"
 
     def build() -> RunConfig:
-        cfg = _with_flow_grpo(_real_preset(family, mode)(), name)
+        cfg = with_flow_grpo(_real_preset(family, mode)(), name)
         cfg.train.timestep_fraction, cfg.train.max_grad_norm, cfg.train.optimizer_steps_per_epoch = 0.99, 1.0, 2
         return cfg
 
@@ -677,21 +615,39 @@ def _video_flow_grpo(family: str, mode: str) -> Callable[[], RunConfig]:
     name = f"{family}-{'sol-' if mode == 'sol_rl' else ''}flow-grpo"
 
     def build() -> RunConfig:
-        cfg = _with_flow_grpo(_video_preset(family, mode)(), name)
+        cfg = with_flow_grpo(_video_preset(family, mode)(), name)
         cfg.train.timestep_fraction, cfg.train.optimizer_steps_per_epoch = 0.99, 2
         return cfg
 
     return build
 
 
+def _entry_preset(target: str) -> Callable[[], RunConfig]:
+    """A preset named "module:function", imported when it is built: how a package above the core (the shapes bed,
+    solrl/shapes/presets.py) registers its presets without the core importing it."""
+
+    def build() -> RunConfig:
+        return load_entry(target)()
+
+    return build
+
+
+def register_preset(name: str, make: Callable[[], RunConfig] | str) -> None:
+    """Add preset `name`: a function returning its RunConfig, or "module:function" imported when it is built."""
+    if name in PRESETS:
+        raise ConfigError(f"preset {name!r} is already registered")
+    PRESETS[name] = _entry_preset(make) if isinstance(make, str) else make
+
+
+_SHAPES = "solrl.shapes.presets"   # the shapes bed's presets, imported when one is built
 PRESETS: dict[str, Callable[[], RunConfig]] = {
-    "shapes-sol-rl": shapes_sol_rl,
-    "shapes-diffusion-nft": shapes_diffusion_nft,
-    "shapes-naive-scaling": shapes_naive_scaling,
-    "shapes-naive-quant": shapes_naive_quant,
+    "shapes-sol-rl": _entry_preset(f"{_SHAPES}:shapes_sol_rl"),
+    "shapes-diffusion-nft": _entry_preset(f"{_SHAPES}:shapes_diffusion_nft"),
+    "shapes-naive-scaling": _entry_preset(f"{_SHAPES}:shapes_naive_scaling"),
+    "shapes-naive-quant": _entry_preset(f"{_SHAPES}:shapes_naive_quant"),
     **{f"{fam}-{m.replace('_', '-')}": _real_preset(fam, m) for fam in _REAL for m in MODES},
-    "shapes-flow-grpo": shapes_flow_grpo,
-    "shapes-sol-flow-grpo": shapes_sol_flow_grpo,
+    "shapes-flow-grpo": _entry_preset(f"{_SHAPES}:shapes_flow_grpo"),
+    "shapes-sol-flow-grpo": _entry_preset(f"{_SHAPES}:shapes_sol_flow_grpo"),
     **{f"{fam}-{'sol-' if m == 'sol_rl' else ''}flow-grpo": _real_flow_grpo(fam, m) for fam in _REAL
        for m in ("sol_rl", "diffusion_nft")},
     **{f"{fam}-{m.replace('_', '-')}": _video_preset(fam, m) for fam in _VIDEO for m in MODES},

@@ -672,7 +672,7 @@ def services_section(setup: Setup, budget: Budget, share_s: float, work: Path) -
     """One epoch of the shapes preset through `solrl up` with model.device set to this device."""
     import uuid
 
-    from solrl.models.shapes import ShapesModel
+    from solrl.shapes.model import ShapesModel
 
     timeout = max(SERVICES_MIN_S, min(share_s, budget.left()))
     device = "cuda" if setup.device.type == "cuda" else "cpu"

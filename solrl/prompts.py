@@ -15,15 +15,24 @@ A prompt set is named by a string:
 Real models have no default: their presets leave `prompts.train` empty and a run asks for one
 (e.g. the PickScore prompt files the reference trains HPSv2 on, as a .txt). Order is kept as
 written; exact duplicates are dropped (the first one stays).
+
+Built-in sets come in families (`FAMILY:SPLIT`), registered by name (`register_prompt_family`). A family
+may bring its own sampler of an epoch's training prompts and its own choice of evaluation prompts, as
+"module:attr" names imported when used: the shapes family is the shapes bed's (solrl/shapes/prompts.py),
+which sits above the core and is never imported by it otherwise.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-BUILTIN = ("shapes:train", "shapes:held-out", "shapes:all", "ocr:train", "ocr:test")
+from solrl.registry import load_entry
+
 FILE_SUFFIXES = (".txt", ".jsonl", ".json")
 MAX_PROMPT_CHARS = 4096
 
@@ -69,19 +78,47 @@ def ocr_prompts(split: str) -> list[str]:
     return [t.format(p) for p in phrases for t in _OCR_TEMPLATES]
 
 
-def _builtin(name: str) -> list[str]:
-    family, _, split = name.partition(":")
-    if family == "shapes":
-        from solrl.world.shapes import split_prompts
+@dataclass(frozen=True)
+class PromptFamily:
+    """Built-in prompt sets `NAME:SPLIT`. Each callable may be given as "module:attr", imported when first used.
 
-        train, held = split_prompts()
-        return {"train": list(train), "held-out": list(held), "all": sorted(set(train) | set(held))}[split]
-    return ocr_prompts(split)
+    load         (split) -> the split's prompts
+    sampler      (prompts, relation_share) -> an epoch's sampler (rng, n) -> prompts; None: uniform draws
+                 (UniformPromptSampler), and the family takes no prompts.relation_share
+    eval_subset  (n, prompts) -> the n evaluation prompts of a set; None: its first n
+    """
+
+    name: str
+    splits: tuple[str, ...]
+    load: Callable[[str], list[str]] | str
+    sampler: Callable[..., Any] | str | None = None
+    eval_subset: Callable[[int, list[str]], list[str]] | str | None = None
+
+
+_FAMILIES: dict[str, PromptFamily] = {}
+
+
+def register_prompt_family(name: str, splits: tuple[str, ...], load: Callable[[str], list[str]] | str, *,
+                           sampler: Callable[..., Any] | str | None = None,
+                           eval_subset: Callable[[int, list[str]], list[str]] | str | None = None) -> None:
+    if not name or ":" in name or name in _FAMILIES:
+        raise ValueError(f"prompt family {name!r}: a new name without ':' is required")
+    _FAMILIES[name] = PromptFamily(name, tuple(splits), load, sampler, eval_subset)
+
+
+def builtin_sets() -> tuple[str, ...]:
+    """Every built-in set's name, `FAMILY:SPLIT`, in registration order."""
+    return tuple(f"{f.name}:{s}" for f in _FAMILIES.values() for s in f.splits)
+
+
+def prompt_family(name: str) -> PromptFamily | None:
+    """The family of the built-in set `name` (FAMILY:SPLIT), None for a file or an unknown family."""
+    return _FAMILIES.get(name.strip().partition(":")[0]) if ":" in name else None
 
 
 def _from_file(path: Path) -> list[str]:
     if not path.is_file():
-        raise PromptSetError(f"prompt file {str(path)!r} not found (a built-in set is one of {list(BUILTIN)})")
+        raise PromptSetError(f"prompt file {str(path)!r} not found (a built-in set is one of {list(builtin_sets())})")
     suffix = path.suffix.lower()
     if suffix not in FILE_SUFFIXES:
         raise PromptSetError(f"prompt file {str(path)!r}: unsupported suffix {suffix!r}; use one of {FILE_SUFFIXES}")
@@ -127,12 +164,13 @@ def load_prompt_set(name: str) -> list[str]:
     """The prompts of a built-in set or a file (see the module docstring); PromptSetError otherwise."""
     if not isinstance(name, str) or not name.strip():
         raise PromptSetError("a prompt set is required: a built-in name "
-                             f"({', '.join(BUILTIN)}) or a .txt / .jsonl / .json file")
+                             f"({', '.join(builtin_sets())}) or a .txt / .jsonl / .json file")
     name = name.strip()
-    if name in BUILTIN:
-        prompts = _builtin(name)
-    elif ":" in name and not Path(name).suffix and name.split(":", 1)[0] in ("shapes", "ocr"):
-        raise PromptSetError(f"unknown built-in prompt set {name!r}; built-in sets: {list(BUILTIN)}")
+    family = prompt_family(name)
+    if name in builtin_sets():
+        prompts = list(load_entry(family.load)(name.partition(":")[2]))
+    elif family is not None and not Path(name).suffix:
+        raise PromptSetError(f"unknown built-in prompt set {name!r}; built-in sets: {list(builtin_sets())}")
     else:
         prompts = _from_file(Path(name).expanduser())
     prompts = list(dict.fromkeys(prompts))
@@ -141,8 +179,19 @@ def load_prompt_set(name: str) -> list[str]:
     return prompts
 
 
-def is_shapes_set(name: str) -> bool:
-    return name.strip().startswith("shapes:")
+def takes_relation_share(name: str) -> bool:
+    """Whether the set's sampler takes prompts.relation_share (a family with its own sampler: the shapes world's)."""
+    family = prompt_family(name)
+    return family is not None and family.sampler is not None
+
+
+def eval_subset(name: str, n: int) -> list[str]:
+    """The `n` evaluation prompts of the set `name`: its family's choice (the shapes world: a fixed,
+    form-stratified subset), else its first `n`."""
+    family = prompt_family(name)
+    if family is not None and family.eval_subset is not None:
+        return load_entry(family.eval_subset)(n, load_prompt_set(name))
+    return load_prompt_set(name)[:n]
 
 
 class UniformPromptSampler:
@@ -160,46 +209,16 @@ class UniformPromptSampler:
 
 
 def prompt_sampler(name: str, prompts: list[str], relation_share: float | None = None):
-    """The sampler of a run's training prompts: for the shapes world, by caption form (its forms are
-    unevenly many), `relation_share` of them relations (None: the pretraining mix's); uniform otherwise."""
-    if is_shapes_set(name):
-        return PromptSampler(prompts, None if relation_share is None else form_weights(relation_share))
+    """The sampler of a run's training prompts: the set's family's own (the shapes world's: by caption form,
+    `relation_share` of them relations, None: the pretraining mix's), else uniform."""
+    family = prompt_family(name)
+    if family is not None and family.sampler is not None:
+        return load_entry(family.sampler)(prompts, relation_share)
     return UniformPromptSampler(prompts)
 
 
-# the shapes world's caption forms in a run's and the pretraining's prompt mix
-FORM_WEIGHTS = {"single": 0.4, "count": 0.2, "relation": 0.4}
-
-
-def form_weights(relation_share: float) -> dict[str, float]:
-    """Caption-form mix with `relation_share` of relations; the other forms keep FORM_WEIGHTS' proportions
-    (at the default share the scale is exactly 1: FORM_WEIGHTS itself)."""
-    if not 0 < relation_share < 1:
-        raise ValueError(f"relation_share must be in (0, 1), got {relation_share!r}")
-    scale = (1 - relation_share) / (1 - FORM_WEIGHTS["relation"])
-    return {f: relation_share if f == "relation" else w * scale for f, w in FORM_WEIGHTS.items()}
-
-
-class PromptSampler:
-    """Form-balanced random shapes captions (deterministic given the rng): a run's training prompts and the
-    shapes model's pretraining data (solrl/pretrain/shapes.py)."""
-
-    def __init__(self, captions: list[str], weights: dict[str, float] | None = None) -> None:
-        import numpy as np
-
-        from solrl.world.shapes import parse
-
-        self.by_form: dict[str, list[str]] = {}
-        for c in captions:
-            self.by_form.setdefault(parse(c).form, []).append(c)
-        weights = weights or FORM_WEIGHTS
-        self.forms = list(weights)
-        self.p = np.array([weights[f] for f in self.forms])
-
-    def __call__(self, rng, n: int) -> list[str]:
-        forms = rng.choice(len(self.forms), size=n, p=self.p)
-        out = []
-        for f in forms:
-            pool = self.by_form[self.forms[f]]
-            out.append(pool[int(rng.integers(len(pool)))])
-        return out
+# the built-in families; the shapes bed's (solrl/shapes/prompts.py) is imported when one of its sets is used
+register_prompt_family("shapes", ("train", "held-out", "all"), "solrl.shapes.prompts:prompt_set",
+                       sampler="solrl.shapes.prompts:prompt_sampler", eval_subset="solrl.shapes.metrics:eval_prompts")
+register_prompt_family("ocr", ("train", "test"), ocr_prompts)
+BUILTIN = builtin_sets()   # the sets registered here (with any registered later: builtin_sets())

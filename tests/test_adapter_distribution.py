@@ -25,9 +25,9 @@ from services.explorer.server import start
 from services.trainer.server import AdapterPusher, check_workers, mount_current_adapter
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter, sha256_hex
 from solrl.config import apply_overrides, get_preset
-from solrl.models.shapes import ShapesModel
 from solrl.precision import PrecisionConfig
 from solrl.rewards import build_reward
+from solrl.shapes.model import ShapesModel
 
 TOKEN = "distribution-test-token"
 

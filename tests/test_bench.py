@@ -224,8 +224,8 @@ def test_relations_bench_pairs_each_prompt_with_its_opposite_on_the_same_seeds(t
     model that reads the word: 1; the same image for both captions: 0), and a small run through the CLI on the
     bundled base that reproduces itself and writes a row per model."""
     from solrl.bench.relations import opposite, relation_prompts, right_both_ways
-    from solrl.rewards.shapes import ShapesReward
-    from solrl.world.shapes import parse, render
+    from solrl.shapes.reward import ShapesReward
+    from solrl.shapes.world import parse, render
 
     assert opposite("a red circle to the left of a blue square") == "a red circle to the right of a blue square"
     assert opposite("a red circle above a blue square") == "a red circle below a blue square"

@@ -9,9 +9,9 @@ import pytest
 from test_world import _mutations
 
 from solrl.rewards import build_reward
-from solrl.rewards.shapes import score_spec
-from solrl.rewards.shapes_dense import score_dense
-from solrl.world.shapes import (
+from solrl.shapes.dense import score_dense
+from solrl.shapes.reward import score_spec
+from solrl.shapes.world import (
     BACKGROUND,
     COLORS,
     ObjectSpec,

@@ -33,11 +33,11 @@ from solrl.distributed import (
 )
 from solrl.loop import Session
 from solrl.models import load_model
-from solrl.models.shapes import ShapesModel
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.queue import QueueConfig, build_queue
 from solrl.rewards import build_reward
+from solrl.shapes.model import ShapesModel
 from solrl.telemetry import read_metrics
 
 REDIS = "redis://127.0.0.1:6379/0"

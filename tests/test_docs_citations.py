@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks" / "results").glob("*.md")),
-        *sorted((ROOT / "services").glob("*/README.md")), ROOT / "solrl" / "models" / "weights" / "shapes" / "README.md"]
+        *sorted((ROOT / "services").glob("*/README.md")), ROOT / "solrl" / "shapes" / "weights" / "README.md"]
 EXT = r"(?:md|py|json|jsonl|ya?ml|png|proto|toml|txt|safetensors)"
 REF = re.compile(rf"(?<![\w/.:-])((?:[\w.-]+/)*[\w.-]+\.{EXT})(?![\w/])")
 TOP = {p.name for p in ROOT.iterdir() if not p.name.startswith(".")} - {"solrl.egg-info", "runs"}

@@ -34,7 +34,6 @@ from services.reward.dataplane import RewardDataPlane
 from services.reward.server import start as start_reward
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter, sha256_hex
 from solrl.models import load_model
-from solrl.models.shapes import ShapesModel, text_encoder_config, transformer_config
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
 from solrl.precision import PrecisionConfig
@@ -42,6 +41,7 @@ from solrl.rewards import build_reward
 from solrl.rewards.jpeg import JpegCompressibility
 from solrl.rollout import SamplerSpec, explore
 from solrl.rollout.workers import InferenceCopy
+from solrl.shapes.model import ShapesModel, text_encoder_config, transformer_config
 
 TOKEN = "s3cret-token"
 PRECISION = PrecisionConfig("nvfp4-emu")

@@ -21,8 +21,8 @@ from solrl.distributed import (
     STREAM_REGENERATE,
     ensure_pipeline,
 )
-from solrl.models.shapes import ShapesModel
 from solrl.queue import QueueConfig, build_queue
+from solrl.shapes.model import ShapesModel
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -22,13 +22,13 @@ import torch
 from solrl.config import ConfigError, get_preset
 from solrl.models.base import Velocity
 from solrl.models.diffusers_tiny import TINY
-from solrl.models.shapes import ShapesModel
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.precision.config import EMULATES, kernel_backend
 from solrl.precision.policy import machine_backend, policy_config
 from solrl.precision.registry import BACKENDS, available_backends
 from solrl.precision.transformer_engine import ForwardScope, forward_modules
 from solrl.sampling import cfg_velocity, flow_sigmas, noise_for_seeds, sample
+from solrl.shapes.model import ShapesModel
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -36,7 +36,6 @@ from services.reward.dataplane import RewardDataPlane
 from services.reward.server import start as start_reward
 from services.trainer.server import TrainerServicer
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter, sha256_hex
-from solrl.models.shapes import ShapesModel, text_encoder_config, transformer_config
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2
 from solrl.pb.solrl.regenerator.v1 import regenerator_pb2
@@ -44,6 +43,7 @@ from solrl.pb.solrl.reward.v1 import reward_pb2
 from solrl.pb.solrl.trainer.v1 import trainer_pb2, trainer_pb2_grpc
 from solrl.precision import PrecisionConfig
 from solrl.rewards import build_reward
+from solrl.shapes.model import ShapesModel, text_encoder_config, transformer_config
 
 TOKEN = "fuzz-token"
 # What a client's mistake may be answered with. INTERNAL and UNKNOWN are server faults; a hang

@@ -19,7 +19,7 @@ import tritonclient.http as thttp
 from tritonclient.utils import InferenceServerException
 
 from solrl.rewards import build_reward
-from solrl.world.shapes import parse, render
+from solrl.shapes.world import parse, render
 
 PROMPTS = ["a red circle", "two blue squares"]
 

@@ -3,6 +3,7 @@ deliberately wrong import breaks them. `lint-imports` runs as a subprocess on th
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -61,3 +62,29 @@ def test_an_upward_import_breaks_the_layers_and_makes_a_circle(copy: Path) -> No
     assert r.returncode != 0
     assert "solrl's layers BROKEN" in r.stdout and "no import circles in solrl BROKEN" in r.stdout
     assert "solrl.models is not allowed to import solrl.rollout" in r.stdout
+
+
+def test_a_core_module_importing_the_shapes_bed_breaks_the_layers(copy: Path) -> None:
+    # evaluation reaching up into the bed instead of asking the scorer for its metrics
+    _add_import(copy / "solrl" / "evaluate.py", "import solrl.shapes.metrics  # noqa: F401")
+    r = lint(copy)
+    assert r.returncode != 0
+    assert "solrl's layers BROKEN" in r.stdout
+    assert "solrl.evaluate is not allowed to import solrl.shapes" in r.stdout
+
+
+def test_the_core_reaches_the_shapes_bed_only_through_its_registries() -> None:
+    """Importing the core loads nothing of solrl.shapes; the registries name the bed and import it when used."""
+    core = ("solrl.config", "solrl.prompts", "solrl.models", "solrl.rewards", "solrl.evaluate", "solrl.loop",
+            "solrl.distributed", "solrl.plan")
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in core)
+            + "print(sorted(m for m in sys.modules if m.startswith('solrl.shapes')))\n"
+            + "from solrl.config import get_preset\nfrom solrl.prompts import load_prompt_set\n"
+            + "from solrl.rewards import build_reward\n"
+            + "get_preset('shapes-sol-rl'); load_prompt_set('shapes:train'); build_reward('shapes')\n"
+            + "print(sorted(m for m in sys.modules if m.startswith('solrl.shapes')))\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    before, after = r.stdout.strip().splitlines()[-2:]
+    assert before == "[]"
+    assert {"solrl.shapes.presets", "solrl.shapes.prompts", "solrl.shapes.reward"} <= set(ast.literal_eval(after))

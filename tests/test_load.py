@@ -24,10 +24,10 @@ from diffusers import PixArtTransformer2DModel
 from transformers import CLIPTextModel
 
 from services.common.tensors import numpy_to_tensor
-from solrl.models.shapes import ShapesModel, text_encoder_config, transformer_config
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
+from solrl.shapes.model import ShapesModel, text_encoder_config, transformer_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = 8

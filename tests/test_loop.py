@@ -11,8 +11,8 @@ import torch
 
 from solrl.config import get_preset
 from solrl.loop import Session, train
-from solrl.models.shapes import ShapesModel
 from solrl.rollout import SamplerSpec, generate
+from solrl.shapes.model import ShapesModel
 from solrl.telemetry import read_metrics, strip_timings
 
 # jpeg_compressibility gives a random model real reward differences (the shapes reward would be 0 for all).
@@ -219,7 +219,7 @@ def test_cli_train_then_eval_of_the_run(random_model_dir, tmp_path, capsys):
 def test_group_stats_per_caption_form():
     """eval.json's groups_by_form (seeds_per_prompt > 1): per form, the share of prompts with an exactly right
     seed, the mean group std and the mean best-minus-mean, from hand-computed groups."""
-    from solrl.evaluate import group_stats
+    from solrl.shapes.metrics import group_stats
 
     prompts = ["a red circle on the left"] * 3 + ["a blue square above a red circle"] * 3 + \
               ["a green triangle to the left of a red square"] * 3
@@ -238,9 +238,9 @@ def test_relation_order_reads_the_relation_word_apart_from_the_objects():
     order. Ground truth scores 1; the same renders scored against the opposite relation score 0; images that
     miss a colour and other forms are not counted; none qualifying gives None."""
     from solrl.bench.relations import opposite
-    from solrl.evaluate import relation_order
-    from solrl.rewards.shapes import ShapesReward
-    from solrl.world.shapes import parse, render
+    from solrl.shapes.metrics import relation_order
+    from solrl.shapes.reward import ShapesReward
+    from solrl.shapes.world import parse, render
 
     rng = np.random.default_rng(5)
     captions = ["a red circle to the left of a blue square", "a green triangle above a yellow circle",

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from solrl.models import load_model
-from solrl.models.shapes import ShapesModel
-from solrl.pretrain.shapes import PretrainConfig, lr_at, pretrain
-from solrl.prompts import PromptSampler, form_weights
-from solrl.world.shapes import parse, split_prompts
+from solrl.shapes.model import ShapesModel
+from solrl.shapes.pretrain import PretrainConfig, lr_at, pretrain
+from solrl.shapes.prompts import PromptSampler, form_weights
+from solrl.shapes.world import parse, split_prompts
 
 
 def _params(model) -> torch.Tensor:
@@ -62,10 +62,11 @@ def test_pretrain_tracks_the_exact_reward_on_both_splits(tmp_path):
 def test_guided_tracking_scores_the_guided_samples():
     """heldout_guided is the held-out evaluation sampled with CFG at track_guidance: equal to that evaluation
     run on its own, and not the unguided one (on the bundled base, which draws objects)."""
-    from solrl.evaluate import eval_prompts, evaluate
-    from solrl.pretrain.shapes import track
+    from solrl.evaluate import evaluate
     from solrl.rollout import SamplerSpec
-    from solrl.world.shapes import split_prompts
+    from solrl.shapes.metrics import eval_prompts
+    from solrl.shapes.pretrain import track
+    from solrl.shapes.world import split_prompts
 
     torch.set_num_threads(1)
     model = load_model("shapes")
@@ -86,7 +87,7 @@ def test_pretrain_rejects_a_guidance_scale_of_one_or_less(tmp_path):
 
 def test_ema_warms_up():
     """d_n = min(decay, (1 + n) / (10 + n)): the first update keeps only 10% of the initial weights."""
-    from solrl.pretrain.shapes import _warm_ema
+    from solrl.shapes.pretrain import _warm_ema
 
     update = _warm_ema(0.999)
     ema, new, ids = torch.zeros(3), torch.ones(3), torch.tensor([1, 2])
@@ -119,7 +120,7 @@ def test_bundled_base_is_in_the_useful_band_and_its_card_is_reproducible():
     from solrl.config import get_preset
     from solrl.loop import Session
 
-    card = json.loads((Path(__file__).resolve().parents[1] / "solrl/models/weights/shapes/heldout_eval.json").read_text())
+    card = json.loads((Path(__file__).resolve().parents[1] / "solrl/shapes/weights/heldout_eval.json").read_text())
     reported = card["results"]["10"]
     assert 0.5 <= reported["shape_accuracy"] <= 0.8
     assert 0.15 <= reported["exact_match"] <= 0.5
@@ -134,8 +135,8 @@ def test_bundled_base_is_in_the_useful_band_and_its_card_is_reproducible():
 
 
 def test_model_card_reads_the_saved_config_and_plots_the_tracking(tmp_path):
-    from solrl.models.shapes_card import denoiser_text
-    from solrl.models.shapes_card import main as card
+    from solrl.shapes.card import denoiser_text
+    from solrl.shapes.card import main as card
 
     torch.set_num_threads(1)
     cfg = PretrainConfig(steps=3, batch_size=2, save_every=2, seed=0, denoiser="unet", heads=2, eval_every=1,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from solrl.config import ConfigError, RunConfig, apply_overrides, get_preset
-from solrl.evaluate import eval_prompt_set, eval_prompts, evaluate
+from solrl.evaluate import eval_prompt_set, evaluate
 from solrl.prompts import (
     BUILTIN,
     PromptSetError,
@@ -17,7 +17,8 @@ from solrl.prompts import (
     ocr_prompts,
     prompt_sampler,
 )
-from solrl.world.shapes import split_prompts
+from solrl.shapes.metrics import eval_prompts
+from solrl.shapes.world import split_prompts
 
 
 def test_builtin_sets():
@@ -100,8 +101,8 @@ def test_uniform_draw_is_deterministic_and_distinct():
 def test_shapes_relation_share():
     """prompts.relation_share sets the share of relation captions in an epoch's shapes prompts; the default
     draws exactly what the form-balanced sampler drew before the setting existed (same rng, same prompts)."""
-    from solrl.prompts import FORM_WEIGHTS, PromptSampler
-    from solrl.world.shapes import parse
+    from solrl.shapes.prompts import FORM_WEIGHTS, PromptSampler
+    from solrl.shapes.world import parse
 
     train = list(split_prompts()[0])
     default = RunConfig().prompts.relation_share

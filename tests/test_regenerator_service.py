@@ -31,13 +31,13 @@ from services.regenerator.dataplane import RegeneratorDataPlane
 from services.regenerator.server import start
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter, sha256_hex
 from solrl.models import load_model
-from solrl.models.shapes import ShapesModel, text_encoder_config, transformer_config
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.regenerator.v1 import regenerator_pb2, regenerator_pb2_grpc
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.rewards import build_reward
 from solrl.rollout import SamplerSpec, regenerate
 from solrl.rollout.workers import InferenceCopy
+from solrl.shapes.model import ShapesModel, text_encoder_config, transformer_config
 
 TOKEN = "another-s3cret"
 PRECISION = PrecisionConfig("bf16")

@@ -34,12 +34,12 @@ from services.explorer.dataplane import ExplorerDataPlane
 from services.explorer.server import start
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter, sha256_hex
 from solrl.adapters.merge import lora_layout, merge_lora, target_weights
-from solrl.models.shapes import ShapesModel, text_encoder_config, transformer_config
 from solrl.models.wan import WAN22_T2V_A14B, WanExperts
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.rewards import build_reward
 from solrl.rollout import SamplerSpec, explore
 from solrl.rollout.workers import InferenceCopy
+from solrl.shapes.model import ShapesModel, text_encoder_config, transformer_config
 
 TOKEN = "resident-token"
 ROOT = Path(__file__).resolve().parents[1]

@@ -48,8 +48,8 @@ from services.reward.server import start
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
 from solrl.rewards.jpeg import JpegCompressibility
-from solrl.rewards.shapes import ShapesReward
-from solrl.world.shapes import parse, render
+from solrl.shapes.reward import ShapesReward
+from solrl.shapes.world import parse, render
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = ["a red circle", "two blue squares", "a green triangle on the left",

@@ -14,13 +14,13 @@ from PIL import Image, ImageDraw, ImageFont
 
 from solrl.rewards import (
     MissingWeightsError,
+    PromptError,
     available_rewards,
     build_reward,
     ready_rewards,
     reward_info,
 )
 from solrl.rewards.multi import MultiReward, parse_spec
-from solrl.world.shapes import PromptError
 
 CLIP_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], np.float32)
 CLIP_STD = np.array([0.26862954, 0.26130258, 0.27577711], np.float32)
@@ -438,7 +438,7 @@ def test_parse_spec_forms_and_errors() -> None:
 
 
 def _shapes_batch():
-    from solrl.rewards.shapes import ShapesReward
+    from solrl.shapes.reward import ShapesReward
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)

@@ -32,12 +32,12 @@ from services.reward.server import build_server
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter, sha256_hex
 from solrl.checkpoint import load_checkpoint, save_checkpoint
 from solrl.models import load_model
-from solrl.models.shapes import ShapesModel
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2_grpc
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
 from solrl.precision import PrecisionConfig
 from solrl.rewards.jpeg import JpegCompressibility
+from solrl.shapes.model import ShapesModel
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for d in ("solrl", "services") for p in (ROOT / d).rglob("*.py") if "pb" not in p.parts)

@@ -11,9 +11,9 @@ import torch
 from solrl.config import apply_overrides, get_preset
 from solrl.loop import train
 from solrl.models import load_model
-from solrl.models.shapes import SPEC, ShapesModel, denoiser_kind, transformer_config
 from solrl.precision import PrecisionConfig, build_backend
-from solrl.pretrain.shapes import PretrainConfig, pretrain
+from solrl.shapes.model import SPEC, ShapesModel, denoiser_kind, transformer_config
+from solrl.shapes.pretrain import PretrainConfig, pretrain
 
 CLASSES = {"pixart": "PixArtTransformer2DModel", "sana": "SanaTransformer2DModel", "unet": "UNet2DConditionModel"}
 

@@ -10,16 +10,16 @@ import sys
 import pytest
 import torch
 
-from solrl.models.shapes import ShapesModel
-from solrl.pretrain.shapes import PretrainConfig, pretrain
-from solrl.pretrain.shapes_text import (
+from solrl.shapes.model import ShapesModel
+from solrl.shapes.pretrain import PretrainConfig, pretrain
+from solrl.shapes.pretrain_text import (
     TextPretrainConfig,
     _opposite,
     hard_negatives,
     late_interaction,
     pretrain_text,
 )
-from solrl.world.shapes import split_prompts
+from solrl.shapes.world import split_prompts
 
 
 def test_late_interaction_takes_each_tokens_best_patch_and_averages_over_the_scored_tokens():

@@ -105,7 +105,7 @@ def test_old_adapter_is_decayed_once_per_epoch(session):
 def test_conv_lr_trains_the_conv_lora_at_its_own_rate(tmp_path):
     """train.conv_lr puts the LoRA on convolution targets (a UNet's conv1 / conv2) in its own optimizer group: after
     an epoch those tensors have moved at most what Adam's steps at conv_lr allow, the attention LoRA much more."""
-    from solrl.models.shapes import ShapesModel
+    from solrl.shapes.model import ShapesModel
 
     ShapesModel.random(seed=0, denoiser="unet", heads=4).save(tmp_path / "unet")
     targets = "lora.targets=to_q,to_k,to_v,to_out.0,conv1,conv2"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from solrl.config import apply_overrides, get_preset
-from solrl.models.shapes import ShapesModel
+from solrl.shapes.model import ShapesModel
 from solrl.up import ChildSpec, Supervisor, plan
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -34,10 +34,10 @@ from services.explorer.dataplane import ExplorerDataPlane
 from solrl.config import apply_overrides, get_preset
 from solrl.loop import Session
 from solrl.models import load_model
-from solrl.models.shapes import ShapesModel
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.rewards import build_reward
 from solrl.rollout import explore, generate
+from solrl.shapes.model import ShapesModel
 
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_URL = "redis://127.0.0.1:6379/0"

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from solrl.rewards import available_rewards, build_reward
-from solrl.rewards.shapes import ShapesReward, detect, score_spec
-from solrl.world.shapes import (
+from solrl.shapes.detect import detect
+from solrl.shapes.reward import ShapesReward, score_spec
+from solrl.shapes.world import (
     COLORS,
     POSITIONS,
     RELATIONS,
@@ -137,7 +138,7 @@ def test_partial_credit_and_sub_scores():
 
 def test_extra_fragments_cost_credit():
     """Flooding the canvas with patches of the prompted colour must not pay (the hack RL found)."""
-    from solrl.world.shapes import COLORS as PALETTE
+    from solrl.shapes.world import COLORS as PALETTE
 
     rng = np.random.default_rng(5)
     worse = 0

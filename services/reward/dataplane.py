@@ -22,10 +22,9 @@ from services.common.errors import NotFoundError
 # the KServe model descriptors are the front door's (services.kserve.tensors); re-exported for the planes
 from services.kserve.tensors import MODEL_VERSION, PLATFORM, ModelMetadata, TensorSpec  # noqa: E402,F401
 from solrl.models import device_info
-from solrl.rewards import Scorer, build_reward, check_images, ready_rewards
+from solrl.rewards import PromptError, Scorer, build_reward, check_images, ready_rewards
 from solrl.rewards.frames import frame_incapable, score_frames
 from solrl.rewards.weights import default_device
-from solrl.world.shapes import PromptError
 
 IMAGES = TensorSpec("IMAGES", "UINT8", (-1, -1, -1, 3))
 PROMPTS = TensorSpec("PROMPTS", "BYTES", (-1,))

@@ -192,8 +192,9 @@ def eval_forms(preset: str, sets: list[str]) -> dict[str, int]:
     from collections import Counter
 
     from solrl.config import apply_overrides, get_preset
-    from solrl.evaluate import caption_form, eval_prompt_set
-    from solrl.prompts import is_shapes_set
+    from solrl.evaluate import eval_prompt_set
+    from solrl.shapes.metrics import caption_form
+    from solrl.shapes.prompts import is_shapes_set
 
     cfg = apply_overrides(get_preset(preset), list(sets))
     if not is_shapes_set(cfg.prompts.eval):

@@ -37,9 +37,9 @@ def _median_s(fn, repeats: int) -> float:
 
 
 def measure(denoiser: str, arch: dict[str, int], batch: int, forward_batch: int, repeats: int) -> dict[str, Any]:
-    from solrl.models.shapes import SPEC, ShapesModel
     from solrl.precision import PrecisionConfig, build_backend
     from solrl.precision.base import quantized_mac_share
+    from solrl.shapes.model import SPEC, ShapesModel
 
     model = ShapesModel.random(seed=0, denoiser=denoiser, **arch)
     tr = model.transformer

@@ -36,11 +36,11 @@ from scipy import stats
 from solrl.algo import kept_contrast
 from solrl.bench.common import write_results
 from solrl.config import get_preset
-from solrl.evaluate import eval_prompts
 from solrl.loop import Session
 from solrl.precision import BACKENDS, available_backends
 from solrl.rollout import explore, regenerate
 from solrl.rollout.workers import InferenceCopy
+from solrl.shapes.metrics import eval_prompts
 
 KS = (4, 8, 12)
 DEFINITIONS = {

@@ -5,7 +5,7 @@ Per model (the bundled base by default, or `models`: shapes model directories su
 step_NNNNN), unguided and with classifier-free guidance:
 - the relation reward and its position sub-score (exact reward, both sides of every pair);
 - relation order: over the images holding exactly the two prompted colours, the share in the prompted order
-  (`solrl.evaluate.relation_order`; about 0.5 for a model that places the objects by its noise alone);
+  (`solrl.shapes.metrics.relation_order`; about 0.5 for a model that places the objects by its noise alone);
 - the mean pixel change between a pair's two images (0-255 scale): how much the word changes the drawing;
 - pairs right both ways: over the pairs whose two images both hold exactly the two colours, the share in the
   prompted order on both sides. A model blind to the word draws (nearly) the same image twice, so at most one
@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 
 from solrl.bench.common import write_results
-from solrl.world.shapes import reverse_relation as opposite  # the caption with its relation reversed
+from solrl.shapes.world import reverse_relation as opposite  # the caption with its relation reversed
 
 
 def held_relations() -> list[str]:
-    from solrl.evaluate import caption_form
-    from solrl.world.shapes import split_prompts
+    from solrl.shapes.metrics import caption_form
+    from solrl.shapes.world import split_prompts
 
     return [p for p in split_prompts()[1] if caption_form(p) == "relation"]
 
@@ -55,9 +55,9 @@ def right_both_ways(detail_a: list[dict[str, float]], detail_b: list[dict[str, f
 def measure(model: Any, prompts: list[str], seeds: int, guidance: float, steps: int = 10,
             seed: int = 0) -> dict[str, Any]:
     """The figures of the module docstring for one model and guidance scale."""
-    from solrl.evaluate import relation_order
-    from solrl.rewards.shapes import ShapesReward
     from solrl.rollout import SamplerSpec, generate
+    from solrl.shapes.metrics import relation_order
+    from solrl.shapes.reward import ShapesReward
 
     flat = [p for p in prompts for _ in range(seeds)]
     flip = [opposite(p) for p in flat]
@@ -82,7 +82,7 @@ def measure(model: Any, prompts: list[str], seeds: int, guidance: float, steps: 
 def _swap_colours(caption: str) -> str:
     import dataclasses
 
-    from solrl.world.shapes import ObjectSpec, parse
+    from solrl.shapes.world import ObjectSpec, parse
 
     spec = parse(caption)
     a, b = spec.objects
@@ -94,8 +94,8 @@ def loss_gap(model: Any, prompts: list[str], seed: int = 0, ts: tuple[float, ...
     minus with the true one, over one ground-truth render per prompt noised with the same noise."""
     import torch
 
-    from solrl.models.shapes import images_to_latents
-    from solrl.world.shapes import parse, render
+    from solrl.shapes.model import images_to_latents
+    from solrl.shapes.world import parse, render
 
     rng = np.random.default_rng(seed)
     x0 = images_to_latents(np.stack([render(parse(p), rng) for p in prompts]))
@@ -120,7 +120,7 @@ def _f(v: float | None) -> str:
 
 def run(out: Path, small: bool = False, prompts: int | None = None, seeds: int | None = None,
         seed: int = 0, models: tuple[str, ...] = ()) -> dict[str, Any]:
-    from solrl.models.shapes import WEIGHTS_DIR, ShapesModel
+    from solrl.shapes.model import WEIGHTS_DIR, ShapesModel
 
     n_prompts = prompts or (2 if small else 64)
     n_seeds = seeds or (2 if small else 4)

@@ -19,12 +19,12 @@ import torch
 
 from solrl.bench.common import write_results
 from solrl.config import get_preset
-from solrl.evaluate import eval_prompts
 from solrl.loop import Session
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.precision.base import denoiser_blocks, layer_macs, with_model_skips
 from solrl.rollout import generate_by_prompt
 from solrl.rollout.workers import InferenceCopy
+from solrl.shapes.metrics import eval_prompts
 
 # layer kinds by the last part of the name (diffusers attention and feed-forward naming)
 KINDS = {

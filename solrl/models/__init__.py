@@ -8,12 +8,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from solrl.models.base import Cond, ModelSpec, T2IModel
+from solrl.registry import load_entry
 
 
-def _load_shapes(path: str | None, device: str | None = None) -> T2IModel:
-    from solrl.models.shapes import ShapesModel
+def _entry_loader(target: str) -> Callable[[str | None], T2IModel]:
+    """A loader named "module:attr" (a class with `load(path, device=...)`), imported when the model is loaded: how
+    a package above the core (the shapes bed, solrl/shapes/) registers its model without the core importing it."""
 
-    return ShapesModel.load(path, device=device)
+    def load(path: str | None, device: str | None = None) -> T2IModel:
+        return load_entry(target).load(path, device=device)
+
+    return load
 
 
 def _diffusers_loader(name: str) -> Callable[[str | None], T2IModel]:
@@ -40,7 +45,8 @@ def _wan_loader(name: str) -> Callable[..., T2IModel]:
 
 
 _REGISTRY: dict[str, Callable[[str | None], T2IModel]] = {
-    "shapes": _load_shapes,
+    # the shapes bed (solrl/shapes/model.py), above the core: imported when loaded
+    "shapes": _entry_loader("solrl.shapes.model:ShapesModel"),
     # real models (diffusers layout, local path or HF cache only): solrl/models/diffusers_t2i.py
     "sana1.5-1.6b": _diffusers_loader("sana1.5-1.6b"),
     "sd3.5-large": _diffusers_loader("sd3.5-large"),
@@ -111,10 +117,11 @@ def load_model(name: str, path: str | Path | None = None, device: str | None = N
     return model
 
 
-def register_model(name: str, loader: Callable[[str | None], T2IModel]) -> None:
+def register_model(name: str, loader: Callable[[str | None], T2IModel] | str) -> None:
+    """`loader`: a callable (path, device=...) -> T2IModel, or "module:Class" imported when the model is loaded."""
     if name in _REGISTRY:
         raise ValueError(f"model {name!r} is already registered")
-    _REGISTRY[name] = loader
+    _REGISTRY[name] = _entry_loader(loader) if isinstance(loader, str) else loader
 
 
 __all__ = ["ENV_CUDA_STANDIN", "Cond", "ModelSpec", "T2IModel", "available_models", "cuda_stood_in", "device_info",

@@ -16,12 +16,17 @@ from typing import Protocol
 
 import numpy as np
 
+from solrl.registry import load_entry
+from solrl.rewards.inputs import PromptError, check_images
 from solrl.rewards.jpeg import JpegCompressibility
-from solrl.rewards.shapes import ShapesReward, check_images
 from solrl.rewards.weights import MissingWeightsError
 
 
 class Scorer(Protocol):
+    """A reward. A scorer may also give evaluation metrics of its own: a method
+    `score_with_metrics(images, prompts, seeds_per_prompt) -> (scores float64 [N], {field: value})`, which held-out
+    evaluation (solrl.evaluate) calls instead of the scorer when it has one (the shapes bed's exact reward does)."""
+
     name: str
 
     def __call__(self, images: np.ndarray, prompts: list[str]) -> np.ndarray: ...
@@ -40,8 +45,7 @@ class RewardInfo:
         """What is absent for this reward to build here (packages, weights); [] = ready. Cheap: loads nothing."""
         out = [f"package {m}" for m in self.requires if importlib.util.find_spec(m) is None]
         if isinstance(self.factory, str) and not out:
-            mod, _, attr = self.factory.partition(":")
-            check = getattr(getattr(importlib.import_module(mod), attr), "missing", None)
+            check = getattr(load_entry(self.factory), "missing", None)
             if check is not None:
                 out += check()
         return out
@@ -53,8 +57,7 @@ class RewardInfo:
             lacking = [m for m in self.requires if importlib.util.find_spec(m) is None]
             if lacking:
                 raise ImportError(f"reward {self.name!r} needs the packages {lacking}; install them (docs/rewards.md)")
-            mod, _, attr = factory.partition(":")
-            factory = getattr(importlib.import_module(mod), attr)
+            factory = load_entry(factory)
         if device and "device" in inspect.signature(factory).parameters:
             return factory(device=device)
         return factory()
@@ -97,9 +100,10 @@ def build_reward(name: str, device: str | None = None) -> Scorer:
     return reward_info(name).build(device)
 
 
-# the shapes world's rewards parse renders of that world: they cannot score a video model's frames
-register_reward("shapes", ShapesReward, frames=False)
-register_reward("shapes_dense", "solrl.rewards.shapes_dense:ShapesDenseReward", frames=False)
+# the shapes bed's rewards (solrl/shapes/), imported when built: they parse renders of that world, so they cannot
+# score a video model's frames
+register_reward("shapes", "solrl.shapes.reward:ShapesReward", frames=False)
+register_reward("shapes_dense", "solrl.shapes.dense:ShapesDenseReward", frames=False)
 register_reward("jpeg_compressibility", JpegCompressibility)
 register_reward("ocr", "solrl.rewards.ocr:OcrReward", requires=("rapidocr_onnxruntime", "rapidfuzz"),
                 weights="none to download (rapidocr_onnxruntime ships its ONNX models)")
@@ -120,5 +124,5 @@ register_reward("hpsv3", "solrl.rewards.hps:HPSv3", needs_weights=True,
                         "(envs/hpsv3/install.sh)")
 
 
-__all__ = ["MissingWeightsError", "RewardInfo", "Scorer", "available_rewards", "build_reward", "check_images",
+__all__ = ["MissingWeightsError", "PromptError", "RewardInfo", "Scorer", "available_rewards", "build_reward", "check_images",
            "ready_rewards", "register_reward", "reward_info"]

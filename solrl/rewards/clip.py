@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solrl.rewards.shapes import check_images
+from solrl.rewards.inputs import check_images
 from solrl.rewards.weights import default_device, dir_available, resolve_dir, source
 
 MODEL_FILES = ("config.json", ("model.safetensors", "pytorch_model.bin"))

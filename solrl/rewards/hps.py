@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from solrl.rewards.clip import to_pil
-from solrl.rewards.shapes import check_images
+from solrl.rewards.inputs import check_images
 from solrl.rewards.weights import (
     MissingWeightsError,
     default_device,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from solrl.rewards.shapes import check_images
+from solrl.rewards.inputs import check_images
 from solrl.rewards.weights import (
     default_device,
     missing_checkpoint_and_tokenizer,

@@ -7,7 +7,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from solrl.rewards.shapes import check_images
+from solrl.rewards.inputs import check_images
 
 
 class JpegCompressibility:

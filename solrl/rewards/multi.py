@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from solrl.rewards.shapes import check_images
+from solrl.rewards.inputs import check_images
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 

@@ -18,8 +18,7 @@ import re
 
 import numpy as np
 
-from solrl.rewards.shapes import check_images
-from solrl.world.shapes import PromptError
+from solrl.rewards.inputs import PromptError, check_images
 
 _QUOTED = re.compile(r'"([^"]*)"')
 

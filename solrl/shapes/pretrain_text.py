@@ -31,10 +31,10 @@ from torch import nn
 from tqdm import tqdm
 from transformers import CLIPTextModel
 
-from solrl.models.shapes import BOS, PAD, images_to_latents, text_encoder_config, token_ids
-from solrl.pretrain.shapes import lr_at
-from solrl.prompts import PromptSampler, form_weights
-from solrl.world.shapes import IMAGE_SIZE, parse, render, reverse_relation, split_prompts
+from solrl.shapes.model import BOS, PAD, images_to_latents, text_encoder_config, token_ids
+from solrl.shapes.pretrain import lr_at
+from solrl.shapes.prompts import PromptSampler, form_weights
+from solrl.shapes.world import IMAGE_SIZE, parse, render, reverse_relation, split_prompts
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Images hold 1-3 flat-coloured objects on a light background. A prompt is generated from a structured
 `Spec` by a small grammar, and parsed back into the same `Spec`; the exact reward
-(`solrl.rewards.shapes`) checks a generated image against the spec. Everything is deterministic.
+(`solrl.shapes.reward`) checks a generated image against the spec. Everything is deterministic.
 
 Grammar forms (every caption is lower case, words separated by single spaces):
   single     "a red circle"
@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from solrl.rewards.inputs import PromptError  # a caption that is not in the grammar
 
 # Palette: well separated in RGB so that colour segmentation is exact on ground-truth renders.
 COLORS: dict[str, tuple[int, int, int]] = {
@@ -53,9 +55,6 @@ _RELATION_PHRASE = {
 
 IMAGE_SIZE = 32
 
-
-class PromptError(ValueError):
-    """A caption that is not in the shapes grammar."""
 
 
 @dataclass(frozen=True)
@@ -241,7 +240,7 @@ class Placed:
 # spans 11-14 px at 32x32, i.e. three to four 4x4 patches of the bundled model) so that circle, square
 # and triangle differ in many pixels: at 8-11 px the first bundled models never told them apart
 # (docs/shapes.md). Region centres keep every object inside the canvas, and the reward's predicates
-# (solrl.rewards.shapes) are looser than these so that ground truth always satisfies them.
+# (solrl.shapes.reward) are looser than these so that ground truth always satisfies them.
 SIZE_SINGLE = (0.34, 0.44)
 SIZE_POSITIONED = (0.34, 0.42)
 SIZE_RELATION = (0.30, 0.38)

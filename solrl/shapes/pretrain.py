@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from solrl.models.shapes import ShapesModel, images_to_latents
-from solrl.prompts import PromptSampler, form_weights
-from solrl.world.shapes import parse, render, split_prompts
+from solrl.shapes.model import ShapesModel, images_to_latents
+from solrl.shapes.prompts import PromptSampler, form_weights
+from solrl.shapes.world import parse, render, split_prompts
 
 
 @dataclass
@@ -106,8 +106,9 @@ def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
     the curve that tells whether pretraining is teaching shapes, not just lowering the loss. Sampled on
     the CPU (a copy when the model trains elsewhere), as the rollouts that use the bundled model are, unless
     `track_on_device` (the sampling state stays on the CPU; the forwards run where the model trains)."""
-    from solrl.evaluate import eval_prompts, evaluate, summary_metrics
+    from solrl.evaluate import evaluate, summary_metrics
     from solrl.rollout import SamplerSpec
+    from solrl.shapes.metrics import eval_prompts
 
     if cfg.device != "cpu" and not cfg.track_on_device:
         model = ShapesModel(copy.deepcopy(model.transformer).cpu(), copy.deepcopy(model.text_encoder).cpu())

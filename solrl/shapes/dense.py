@@ -1,6 +1,6 @@
 """`shapes_dense`: a continuous training reward of the shapes world, on the exact reward's detections.
 
-The exact reward (`solrl.rewards.shapes`) gives credit in steps: a shape is right or wrong, a position
+The exact reward (`solrl.shapes.reward`) gives credit in steps: a shape is right or wrong, a position
 holds or not. A group of seeds that all miss a triangle then scores the same, and RL has no gradient
 toward it. This reward measures how far each attribute is from right, on the same objects (the same
 size bounds, so a flooded canvas or one huge blob is no object here either):
@@ -31,14 +31,9 @@ import math
 import numpy as np
 from PIL import Image, ImageDraw
 
-from solrl.rewards.shapes import (
-    MAX_DETECTIONS,
-    REL_MARGIN,
-    Component,
-    check_images,
-    components,
-)
-from solrl.world.shapes import COLORS, SHAPES, Spec, parse
+from solrl.rewards.inputs import check_images
+from solrl.shapes.detect import MAX_DETECTIONS, REL_MARGIN, Component, components
+from solrl.shapes.world import COLORS, SHAPES, Spec, parse
 
 COLOUR_SIGMA = 60.0    # RGB distance at which colour credit falls to exp(-1/2)
 SHAPE_MARGIN = 0.15    # IoU margin over the next-best shape that earns full shape credit
@@ -55,7 +50,7 @@ def _ideal(shape: str, h: int, w: int) -> np.ndarray:
         draw.ellipse([0, 0, w - 1, h - 1], fill=1)
     elif shape == "square":
         draw.rectangle([0, 0, w - 1, h - 1], fill=1)
-    else:  # upward triangle, as solrl.world.shapes draws it
+    else:  # upward triangle, as solrl.shapes.world draws it
         draw.polygon([((w - 1) / 2, 0), (w - 1, h - 1), (0, h - 1)], fill=1)
     return np.asarray(img, dtype=bool)
 
@@ -85,7 +80,7 @@ def _ramp(distance: float) -> float:
 
 
 def position_credit(position: str, cx: float, cy: float) -> float:
-    """1 inside the exact reward's predicate (solrl.rewards.shapes._position_ok), linear to 0 outside."""
+    """1 inside the exact reward's predicate (solrl.shapes.reward._position_ok), linear to 0 outside."""
     if position == "left":
         return _ramp(cx - 0.4)
     if position == "right":

@@ -21,9 +21,9 @@ from diffusers import PixArtTransformer2DModel, SanaTransformer2DModel, UNet2DCo
 from transformers import CLIPTextConfig, CLIPTextModel
 
 from solrl.models.base import Cond, ModelSpec, T2IModel
-from solrl.world.shapes import IMAGE_SIZE, VOCAB, tokenize
+from solrl.shapes.world import IMAGE_SIZE, VOCAB, tokenize
 
-WEIGHTS_DIR = Path(__file__).parent / "weights" / "shapes"
+WEIGHTS_DIR = Path(__file__).parent / "weights"
 
 SPEC = ModelSpec(
     name="shapes",

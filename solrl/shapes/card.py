@@ -1,6 +1,6 @@
 """Writes the bundled shapes model's card (README.md + loss curve) from its pretraining logs and eval.
 
-    python -m solrl.models.shapes_card --weights DIR --logs PHASE1/loss.jsonl PHASE2/loss.jsonl --eval EVAL_DIR
+    python -m solrl.shapes.card --weights DIR --logs PHASE1/loss.jsonl PHASE2/loss.jsonl --eval EVAL_DIR
 """
 
 from __future__ import annotations
