@@ -43,7 +43,7 @@ class TextPretrainConfig:
     batch_size: int = 128
     lr: float = 1e-3
     warmup: int = 50
-    min_lr_ratio: float = 0.1       # cosine floor as a share of lr (the schedule is `shapes_pretrain.lr_at`'s)
+    min_lr_ratio: float = 0.1       # cosine floor as a share of lr (the schedule is `solrl.shapes.pretrain.lr_at`'s)
     weight_decay: float = 0.01
     relation_share: float = 0.5     # share of relation captions per batch (singles : counts stay 2 : 1)
     hard_negatives: bool = True     # each relation image also scored against its caption with the relation reversed
