@@ -340,9 +340,10 @@ class Session:
         rec["time_regenerate_s"] = time.perf_counter() - t0
         rec["rollout.reward_mean"] = float(np.mean(data_r))
         rec["rollout.reward_std"] = float(np.std(data_r))
+        by_prompt = np.asarray(data_r).reshape(len(prompts), -1)  # [P, k] trained rewards
         if r.mode != "diffusion_nft":
-            rec.update(selection_contrast(np.asarray(data_r).reshape(len(prompts), r.kept), r.selection))
-        rec.update(trained_spread(np.asarray(data_r).reshape(len(prompts), -1)))
+            rec.update(selection_contrast(by_prompt, r.selection))
+        rec.update(trained_spread(by_prompt))
         rec["forwards_rollout_total"] = rec.get("forwards_explore", 0) + rec["forwards_regenerate"]
         return data_x0, data_r, data_p, group, data_traj, data_lp
 

@@ -18,6 +18,9 @@ from solrl.telemetry.machine import machine, machine_line  # noqa: F401 (the ben
 # steps to a bench that varies them (ablate).
 SMALL_SAMPLING = ["rollout.steps=4", "eval.steps=4"]
 SMALL_STEPS = ["rollout.explore_steps=2", *SMALL_SAMPLING]
+# a --small training run (curve, selection): two prompts an epoch, four held-out prompts, a rank-4 LoRA
+SMALL_RUN = ["rollout.prompts_per_epoch=2", "eval.prompts=4", "eval.seeds_per_prompt=1", "lora.rank=4", "lora.alpha=8",
+             "train.micro_batch=8", *SMALL_STEPS]
 
 
 def write_results(out: Path, name: str, result: dict[str, Any], markdown_body: str,

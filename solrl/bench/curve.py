@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from solrl.algo import timestep_count
-from solrl.bench.common import SMALL_STEPS, write_results
+from solrl.bench.common import SMALL_RUN, write_results
 from solrl.config import apply_overrides, get_preset
 from solrl.loop import train
 
@@ -125,6 +125,23 @@ def interval(values: list[float]) -> tuple[float, float]:
     if len(a) < 2:
         return float(a.mean()), float("nan")
     return float(a.mean()), float(stats.t.ppf(0.975, len(a) - 1) * a.std(ddof=1) / math.sqrt(len(a)))
+
+
+def reward_settings(reward: str | None, eval_reward: str | None = None) -> list[str]:
+    """The settings that train on `reward` ([] for the default `shapes`), judged by `eval_reward`, by default the exact
+    `shapes` reward for a shapes-world reward and the reward itself otherwise."""
+    if not reward or reward == "shapes":
+        return []
+    judge = eval_reward or ("shapes" if reward.startswith("shapes") else reward)
+    return [f"reward={reward}", f"eval.reward={judge}"]
+
+
+def threads_per_run(jobs: int, threads: int) -> int:
+    """Torch threads of each of `jobs` runs at once: `threads` if set, else the cores shared out (0 for one job: it
+    keeps the process's own threads)."""
+    import os
+
+    return threads or (max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0)
 
 
 def one_run(preset: str, sets: list[str], run_dir: Path) -> dict[str, Any]:
@@ -247,17 +264,11 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     n_runs = repeats or (2 if small else 3)
     every = 1 if small else max(2, n_epochs // 6)
     sets = [f"epochs={n_epochs}", f"eval.every={every}", "tensorboard=false"]
-    name, judge = "curve", eval_reward or "shapes"
-    if reward and reward != "shapes":
-        judge = eval_reward or ("shapes" if reward.startswith("shapes") else reward)
-        sets += [f"reward={reward}", f"eval.reward={judge}"]
-        name = f"curve-{reward}"
+    sets += reward_settings(reward, eval_reward)
+    name = f"curve-{reward}" if reward and reward != "shapes" else "curve"
     if small:
-        sets += ["rollout.prompts_per_epoch=2", "rollout.pool=6", "rollout.kept=4", "eval.prompts=4",
-                 "eval.seeds_per_prompt=1", "lora.rank=4", "lora.alpha=8", "train.micro_batch=8", *SMALL_STEPS]
-    import os
-
-    per_run = threads or (max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0)
+        sets += ["rollout.pool=6", "rollout.kept=4", *SMALL_RUN]
+    per_run = threads_per_run(jobs, threads)
     if per_run:  # 0: a single job keeps the process's own torch threads
         sets.append(f"threads={per_run}")
     extra = list(overrides) + ([f"model.device={device}"] if device else [])

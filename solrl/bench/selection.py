@@ -38,8 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from solrl.bench.common import SMALL_STEPS, write_results
-from solrl.bench.curve import interval, run_all
+from solrl.bench.common import SMALL_RUN, write_results
+from solrl.bench.curve import interval, reward_settings, run_all, threads_per_run
 
 PRESET = "shapes-sol-rl"
 # arm -> (settings added to the preset's, what it is)
@@ -129,17 +129,11 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     if any(n <= kept for n in sizes):
         raise ValueError(f"--pools: every pool must be larger than the {kept} kept seeds, got {list(sizes)}")
     sets = [f"epochs={n_epochs}", "eval.every=1", "tensorboard=false", f"rollout.kept={kept}"]
-    name = "selection"
-    if reward and reward != "shapes":
-        judge = "shapes" if reward.startswith("shapes") else reward
-        sets += [f"reward={reward}", f"eval.reward={judge}"]
-        name = f"selection-{reward}"
+    sets += reward_settings(reward)
+    name = f"selection-{reward}" if reward and reward != "shapes" else "selection"
     if small:
-        sets += ["rollout.prompts_per_epoch=2", "eval.prompts=4", "eval.seeds_per_prompt=1", "lora.rank=4",
-                 "lora.alpha=8", "train.micro_batch=8", *SMALL_STEPS]
-    import os
-
-    per_run = threads or (max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else 0)
+        sets += SMALL_RUN
+    per_run = threads_per_run(jobs, threads)
     if per_run:
         sets.append(f"threads={per_run}")
     sets += list(overrides)
@@ -267,8 +261,8 @@ def plot(by_pool: dict[str, Any], path: Path, reward: str) -> None:
                 ra, rn = _common(a["runs"], none["runs"])
                 d = [[r["points"][j]["reward"] - n["points"][j]["reward"] for r, n in zip(ra, rn)]
                      for j in range(len(a["epochs"]))]
-                m = np.array([interval(x)[0] for x in d])
-                h = np.nan_to_num(np.array([interval(x)[1] for x in d]))
+                m, h = np.array([interval(x) for x in d]).T
+                h = np.nan_to_num(h)
                 row[1].plot(a["epochs"], m, **kw)
                 row[1].fill_between(a["epochs"], m - h, m + h, color=f"C{i}", alpha=0.12)
             ep = list(range(1, len(a["mechanism"]["rollout.half_gap"]) + 1))
