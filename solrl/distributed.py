@@ -178,7 +178,7 @@ class RemoteSession:
         published: dict[str, str] = {}
         cand = None  # the adaptive proxy: the explorers are told which precision and policy to sample with
         if sess.proxy is not None:
-            from solrl.proxy import parse_candidate
+            from solrl.rollout.candidates import parse_candidate
 
             cand = parse_candidate(sess.proxy.current)
         for job_id, p in jobs.items():

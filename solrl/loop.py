@@ -152,7 +152,7 @@ class Session:
     def _build_explorer(self) -> None:
         from solrl.models.base import compute_device
         from solrl.precision.policy import policy_config
-        from solrl.proxy import parse_candidate
+        from solrl.rollout.candidates import parse_candidate
 
         if not self.local_explorer:
             return  # the explorer services build it when a job names the proxy
@@ -172,7 +172,7 @@ class Session:
         if r.mode == "naive_quant":
             return r.steps
         if self.proxy is not None:
-            from solrl.proxy import parse_candidate
+            from solrl.rollout.candidates import parse_candidate
 
             return parse_candidate(self.proxy.current).steps
         return r.explore_steps

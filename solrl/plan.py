@@ -536,7 +536,7 @@ def recipe_from_config(cfg: RunConfig, preset: str, gpu: Gpu) -> tuple[Recipe, A
     r, notes = cfg.rollout, []
     explore_pc, explore_steps = r.explore_precision, r.explore_steps
     if r.explore_precision.backend == "auto":
-        from solrl.proxy import check_proxy_config
+        from solrl.rollout.candidates import check_proxy_config
 
         cands = check_proxy_config(r.proxy, r.steps)
         runnable = [c for c in cands if gpu.tflops.get(precision_format(c.backend))]

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from solrl.config import ConfigError, apply_overrides, get_preset
-from solrl.proxy import Candidate, ProxyController, choose, model_cost, parse_candidate
+from solrl.proxy import ProxyController, choose
+from solrl.rollout.candidates import Candidate, model_cost, parse_candidate
 
 SMALL = ["epochs=2", "eval.every=0", "tensorboard=false", "rollout.prompts_per_epoch=2", "rollout.pool=6",
          "rollout.kept=4", "eval.prompts=2", "eval.seeds_per_prompt=1", "lora.rank=4", "lora.alpha=8",

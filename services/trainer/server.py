@@ -222,7 +222,7 @@ def worker_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> lis
     out += clip_mismatches(role, address, info, cfg)
     if role == "explorer" and want_precision == "auto":
         # the adaptive proxy names the precision in each job: the explorer must be able to build every candidate
-        from solrl.proxy import parse_candidate
+        from solrl.rollout.candidates import parse_candidate
 
         available = set(getattr(info, "available_precisions", ()))
         missing = sorted({c.backend for c in map(parse_candidate, r.proxy.candidates)} - available)

@@ -84,7 +84,7 @@ def epoch_cost(rec: dict[str, Any], cfg, share: float = 1.0, proxy_shares: dict[
     its candidate's format and quantized share (`proxy_shares`, from the run's calibrations)."""
     backend = cfg.rollout.explore_precision.backend
     if "explore.proxy" in rec:
-        from solrl.proxy import parse_candidate
+        from solrl.rollout.candidates import parse_candidate
 
         backend, share = parse_candidate(rec["explore.proxy"]).backend, (proxy_shares or {})[rec["explore.proxy"]]
     explore = rec.get("forwards_explore", 0) * forward_cost(backend, share)
@@ -108,7 +108,7 @@ def pair_cost(cfg) -> float:
 def calibration_cost(cal: dict[str, Any]) -> float:
     """BF16-forward equivalents of one adaptive-proxy calibration: every calibration seed sampled by the BF16
     reference at full steps and by each candidate at its explore steps, priced as the module doc says."""
-    from solrl.proxy import parse_candidate
+    from solrl.rollout.candidates import parse_candidate
 
     n = len(cal["prompts"]) * cal["seeds_per_prompt"]
     per_seed = cal["reference"]["steps"] + sum(
