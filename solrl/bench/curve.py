@@ -34,7 +34,7 @@ import numpy as np
 from solrl.algo import timestep_count
 from solrl.bench.common import SMALL_RUN, write_results
 from solrl.config import apply_overrides, get_preset
-from solrl.loop import train
+from solrl.engine.loop import train
 
 PAPER_MODES = ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant")
 # mode -> (preset, settings added to the preset's)
@@ -209,7 +209,7 @@ def eval_forms(preset: str, sets: list[str]) -> dict[str, int]:
     from collections import Counter
 
     from solrl.config import apply_overrides, get_preset
-    from solrl.evaluate import eval_prompt_set
+    from solrl.engine.evaluate import eval_prompt_set
     from solrl.shapes.metrics import caption_form
     from solrl.shapes.prompts import is_shapes_set
 

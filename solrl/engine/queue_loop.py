@@ -26,16 +26,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from solrl import ddp
 from solrl.adapters import encode_adapter
 from solrl.adapters.wire import sha256_hex
-from solrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from solrl.config import RunConfig
-from solrl.evaluate import eval_metrics
-from solrl.loop import Session, _save_eval, epoch_rng, proxy_agreement, selection_contrast, trained_spread
+from solrl.engine import data_parallel as ddp
+from solrl.engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from solrl.engine.evaluate import eval_metrics
+from solrl.engine.loop import _save_eval
+from solrl.engine.session import Session, epoch_rng, proxy_agreement, selection_contrast, trained_spread
+from solrl.engine.update import Batch
 from solrl.queue import Queue
 from solrl.telemetry import MetricsWriter
-from solrl.trainer import Batch
 
 STREAM_EXPLORE, STREAM_REGENERATE, STREAM_ROLLOUTS = "explore", "regenerate", "rollouts"
 GROUP_EXPLORERS, GROUP_REGENERATORS, GROUP_TRAINER = "explorers", "regenerators", "trainer"
@@ -340,9 +341,9 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
                     on_record: Callable[[dict[str, Any]], None] = lambda rec: None,
                     ranks: ddp.Ranks = ddp.SINGLE) -> dict[str, Any]:
     """Train `cfg` for cfg.epochs with rollouts from the queue; writes config.json, metrics.jsonl,
-    eval/ and checkpoints/ to `run_dir` as the embedded `solrl.loop.train` does.
+    eval/ and checkpoints/ to `run_dir` as the embedded `solrl.engine.loop.train` does.
     `ranks`: rank 0 of a torchrun launch (the trainer service under torchrun): each epoch's batch goes to the other
-    ranks, which follow as in the embedded loop (solrl.loop.train with ranks > 0), and every rank trains its share.
+    ranks, which follow as in the embedded loop (solrl.engine.loop.train with ranks > 0), and every rank trains its share.
     `on_session` receives the RemoteSession once built (the trainer service reads its status); `on_record` each
     metrics.jsonl record as it is written (the trainer service's Prometheus gauges).
 
@@ -355,7 +356,7 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
     adapter it re-pushes is the one the rollout services already hold (accepted as a no-op), as long
     as checkpoint_every is 1; otherwise restart the rollout services too."""
     if not ranks.is_main:
-        raise ValueError(f"run_distributed runs on rank 0; rank {ranks.rank} follows (solrl.loop.train)")
+        raise ValueError(f"run_distributed runs on rank 0; rank {ranks.rank} follows (solrl.engine.loop.train)")
     ddp.check_ranks(cfg, ranks.world)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
