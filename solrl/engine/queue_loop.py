@@ -36,8 +36,11 @@ from solrl.engine.loop import _save_eval
 from solrl.engine.session import Session, epoch_rng, proxy_agreement, selection_contrast, trained_spread
 from solrl.engine.update import Batch
 from solrl.queue import Queue
+from solrl.rollout.strategies import STRATEGIES
 from solrl.telemetry import MetricsWriter
 
+# the modes the services' explorer -> regenerator pipeline runs (rollout strategies with runs_on_services)
+SERVICE_MODES = tuple(name for name, s in STRATEGIES.items() if s.runs_on_services)
 STREAM_EXPLORE, STREAM_REGENERATE, STREAM_ROLLOUTS = "explore", "regenerate", "rollouts"
 GROUP_EXPLORERS, GROUP_REGENERATORS, GROUP_TRAINER = "explorers", "regenerators", "trainer"
 PIPELINE = ((STREAM_EXPLORE, GROUP_EXPLORERS), (STREAM_REGENERATE, GROUP_REGENERATORS),
@@ -118,8 +121,9 @@ class RemoteSession:
 
     def __init__(self, sess: Session, queue: Queue, push_adapter: PushAdapter, *, run_id: str,
                  rollout_timeout_s: float = 600.0, block_ms: int = 500, pickup_timeout_s: float | None = 120.0) -> None:
-        if sess.cfg.rollout.mode != "sol_rl":
-            raise ValueError(f"rollout.mode must be 'sol_rl' for the distributed loop, got {sess.cfg.rollout.mode!r}")
+        if not sess.strategy.runs_on_services:
+            raise ValueError(f"rollout.mode must be one the services run ({', '.join(SERVICE_MODES)}) for the "
+                             f"distributed loop, got {sess.cfg.rollout.mode!r}")
         if not isinstance(queue, Queue):
             raise TypeError(f"queue must be a solrl.queue.Queue, got {type(queue).__name__}")
         if not callable(push_adapter):

@@ -3,11 +3,8 @@ select -> regenerate -> advantages -> update -> decay (the embedded loop, solrl/
 the queue-driven one, solrl/engine/queue_loop.py, takes the rollouts from the services instead).
 
 All randomness of epoch e is derived from (run seed, e), so a run is reproducible and a resumed run
-continues the same trajectory. Modes (the paper's baselines, docs/method.md, as presets of the same code):
-  sol_rl         n seeds explored in low precision at few steps, k kept, regenerated in BF16 at full steps
-  diffusion_nft  k seeds sampled in BF16 at full steps (no exploration)
-  naive_scaling  all n seeds sampled in BF16 at full steps, k selected by their BF16 rewards
-  naive_quant    all n seeds sampled in low precision at full steps, k selected, trained on directly
+continues the same trajectory. What an epoch explores, keeps and regenerates is the rollout mode's strategy
+(solrl/rollout/strategies.py: sol_rl and the paper's baselines, docs/method.md, as presets of the same code).
 train.algo=flow_grpo samples the trained rollouts (regeneration, or the BF16 sampling of the one-stage modes)
 with the SDE and records their trajectories and log-probs; exploration stays on the ODE solver.
 """
@@ -38,6 +35,7 @@ from solrl.precision import build_backend
 from solrl.prompts import PromptSetError, load_prompt_set, prompt_sampler
 from solrl.rewards import build_reward
 from solrl.rollout import PromptCache, SamplerSpec, explore, regenerate
+from solrl.rollout.strategies import KEEP_BY_BF16, RolloutStrategy, strategy
 from solrl.rollout.workers import InferenceCopy
 from solrl.telemetry import read_metrics
 
@@ -99,7 +97,7 @@ class Session:
         trainer = build_trainer(model, adapters, cfg, sampler.shift, sampler.guidance)
         explorer = None
         auto = cfg.rollout.explore_precision.backend == "auto"
-        if local_explorer and cfg.rollout.mode in ("sol_rl", "naive_quant") and not auto:
+        if local_explorer and strategy(cfg.rollout.mode).explores and not auto:
             explorer = InferenceCopy(adapters, cfg.rollout.explore_precision, spec.quant_skip, spec.quant_min_features)
         try:  # read once; a bad eval set fails now, not after epoch 1
             prompts = load_prompt_set(cfg.prompts.train)
@@ -119,7 +117,7 @@ class Session:
         from solrl.engine.proxy import ProxyController, calibrate
 
         r = self.cfg.rollout
-        if r.explore_precision.backend != "auto" or r.mode not in ("sol_rl", "naive_quant"):
+        if r.explore_precision.backend != "auto" or not self.strategy.explores:
             return {}
         path = run_dir / "calibration.json"
         p = r.proxy
@@ -160,15 +158,19 @@ class Session:
             return SamplerSpec("sde", self.sampler.shift, self.sampler.guidance, self.cfg.rollout.sde_eta)
         return self.sampler
 
+    @property
+    def strategy(self) -> RolloutStrategy:
+        """What this run's epochs explore, keep and regenerate (rollout.mode)."""
+        return strategy(self.cfg.rollout.mode)
+
     def explore_steps(self) -> int:
-        r = self.cfg.rollout
-        if r.mode == "naive_quant":
-            return r.steps
+        """The low-precision pass's steps: the strategy's, or the adaptive proxy's current candidate's."""
+        proxy_steps = None
         if self.proxy is not None:
             from solrl.rollout.candidates import parse_candidate
 
-            return parse_candidate(self.proxy.current).steps
-        return r.explore_steps
+            proxy_steps = parse_candidate(self.proxy.current).steps
+        return self.strategy.explore_steps(self.cfg.rollout, proxy_steps)
 
     def after_epoch(self, done: int, rec: dict[str, Any], run_dir: Path, log=print) -> None:
         """The proxy's decisions after an epoch: a switch when the kept-seed tau stayed below the target, or a
@@ -273,12 +275,12 @@ class Session:
         """One epoch's rollouts with the "old" adapter as it is (`epoch` wraps this in `sampling_adapter`): the
         prompts and seed pools drawn from the epoch's `rng`, sync, explore, select, regenerate. Returns (x0, rewards,
         prompts, groups, trajectories, log-probs) of the trained samples; the stage metrics go into `rec`."""
-        r = self.cfg.rollout
+        r, s = self.cfg.rollout, self.strategy
         prompts = self.prompt_sampler(rng, r.prompts_per_epoch)
         # diffusion_nft trains k seeds a prompt, the first k of the pool the other modes draw when its pool is set
         # larger (rollout.pool > kept): a run seed then gives every mode the same prompts and initial noise
         # (`solrl bench selection` pairs its arms so); with pool <= kept it draws k seeds, as before
-        pool = r.kept if r.mode == "diffusion_nft" else r.pool
+        pool = s.pool(r)
         seeds = rng.integers(0, 2**31 - 1, size=(len(prompts), max(r.pool, pool))).tolist()
         seeds = [row[:pool] for row in seeds]
         on_stage("sync")
@@ -288,7 +290,7 @@ class Session:
 
         t0 = time.perf_counter()
         ex = None
-        if r.mode in ("sol_rl", "naive_quant"):
+        if s.explores:
             on_stage("explore")
             steps = self.explore_steps()
             if self.proxy is not None:
@@ -301,8 +303,8 @@ class Session:
         rec["time_explore_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        on_stage("regenerate" if r.mode != "naive_quant" else "select")
-        if r.mode == "naive_quant":
+        on_stage("regenerate" if s.samples_bf16 else "select")
+        if not s.samples_bf16:  # naive_quant: the kept low-precision samples are trained on as they are
             kept_flat = [p * pool + i for p, idx in enumerate(ex.kept) for i in idx]
             data_x0 = ex.generated.x0[kept_flat]
             data_r = ex.scores.reshape(-1)[kept_flat]
@@ -310,12 +312,12 @@ class Session:
             group = [j // pool for j in kept_flat]
             rec["forwards_regenerate"] = 0
         else:
-            regen_seeds = ex.kept_seeds() if ex is not None else seeds
+            regen_seeds = ex.kept_seeds() if s.regenerates else seeds
             with self.adapters.use("old"), record_function("solrl.regenerate"):
                 rg = regenerate(self.model, self.model.transformer, prompts, regen_seeds, r.steps,
                                 self.rollout_sampler(), self.scorer, mb, self.cache)
             rec["forwards_regenerate"] = rg.forwards
-            if r.mode == "naive_scaling":
+            if s.keeps == KEEP_BY_BF16:
                 rs = rg.rewards.reshape(len(prompts), pool)
                 kept = [select(torch.from_numpy(rs[p]), r.kept, r.selection, generator=tgen)
                         for p in range(len(prompts))]
@@ -327,14 +329,14 @@ class Session:
             if rg.trajectory is not None:  # flow_grpo: the SDE trajectories and their log-probs
                 data_traj, data_lp = rg.trajectory[flat], rg.log_probs[flat]
             data_p, group = [rg.prompts[j] for j in flat], [rg.group[j] for j in flat]
-            if r.mode == "sol_rl":
+            if s.regenerates:  # the kept seeds have both a proxy and a BF16 reward
                 kept_proxy = np.stack([ex.scores[p][idx] for p, idx in enumerate(ex.kept)])
                 rec.update(proxy_agreement(kept_proxy, rg.rewards.reshape(len(prompts), r.kept)))
         rec["time_regenerate_s"] = time.perf_counter() - t0
         rec["rollout.reward_mean"] = float(np.mean(data_r))
         rec["rollout.reward_std"] = float(np.std(data_r))
         by_prompt = np.asarray(data_r).reshape(len(prompts), -1)  # [P, k] trained rewards
-        if r.mode != "diffusion_nft":
+        if s.selects:
             rec.update(selection_contrast(by_prompt, r.selection))
         rec.update(trained_spread(by_prompt))
         rec["forwards_rollout_total"] = rec.get("forwards_explore", 0) + rec["forwards_regenerate"]
