@@ -30,14 +30,11 @@ from solrl.adapters import encode_adapter
 from solrl.adapters.wire import sha256_hex
 from solrl.config import RunConfig
 from solrl.engine import data_parallel as ddp
-from solrl.engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from solrl.engine.evaluate import eval_metrics
-from solrl.engine.loop import _save_eval
+from solrl.engine.run import resume_session, run_epochs
 from solrl.engine.session import Session, epoch_rng, proxy_agreement, selection_contrast, trained_spread
 from solrl.engine.update import Batch
 from solrl.queue import Queue
 from solrl.rollout.strategies import STRATEGIES
-from solrl.telemetry import MetricsWriter
 
 # the modes the services' explorer -> regenerator pipeline runs (rollout strategies with runs_on_services)
 SERVICE_MODES = tuple(name for name, s in STRATEGIES.items() if s.runs_on_services)
@@ -367,12 +364,7 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
     start, attempt_id = 0, f"{run_id}-a{uuid.uuid4().hex[:8]}"
     sess = Session.build(cfg, local_explorer=False)
     if resume:
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is None:
-            raise FileNotFoundError(f"resume: no checkpoint in {run_dir / 'checkpoints'}")
-        state = load_checkpoint(ckpt, sess.adapters, sess.trainer.opt)
-        start, sess.trainer.global_step, sess.version = state["epoch"], state["global_step"], state["adapter_version"]
-        sess.resume_rollout_adapter(ckpt, log)
+        start = resume_session(sess, run_dir, "resume", log)
         attempt_id = f"{run_id}-r{uuid.uuid4().hex[:8]}"
         log(f"resuming {run_dir} after epoch {start} (adapter version {sess.version}); jobs {attempt_id}-*")
     sess.trainer.data_parallel(ranks)
@@ -384,44 +376,22 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
     on_session(remote)
     st = remote.status
     base_eval: dict[str, Any] | None = None
-    try:
-        cfg.save(run_dir / "config.json")
-        writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else -1,
-                               wandb=cfg.wandb, wandb_run={"project": cfg.wandb_project, "name": run_dir.name,
-                                                           "config": cfg.to_dict()})
-        (run_dir / "eval").mkdir(exist_ok=True)
-        proxy_fields = sess.setup_proxy(run_dir, start, log)  # the adaptive proxy calibrates on this device
-        if start == 0:
-            st.state = "evaluating"
-            t0 = time.perf_counter()
-            base_eval, grids = sess.evaluate()
-            _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
-            rec0 = {"epoch": 0, **eval_metrics(base_eval), "adapter_version": 0,
-                    "time_eval_s": time.perf_counter() - t0, **proxy_fields}
-            writer.write(rec0)
-            on_record(rec0)
-        for e in range(start, cfg.epochs):
-            st.state = "running"
-            rec = remote.epoch(e)
-            done = e + 1
-            if cfg.eval.every and done % cfg.eval.every == 0 or done == cfg.epochs:
-                st.state = "evaluating"
-                t0 = time.perf_counter()
-                ev, grids = sess.evaluate()
-                _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
-                rec.update({**eval_metrics(ev), "time_eval_s": time.perf_counter() - t0})
-            sess.after_epoch(done, rec, run_dir, log)
-            writer.write(rec)
-            on_record(rec)
+
+    def set_state(state: str, epoch: int) -> None:
+        st.state = state
+
+    def written(rec: dict[str, Any]) -> None:
+        on_record(rec)
+        if rec["epoch"]:
             st.history.append(rec)
-            if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):
-                save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version,
-                                rollout_adapter=sess.rollout_old)
-            log(f"epoch {done}/{cfg.epochs}: reward {rec['rollout.reward_mean']:.4f}, "
-                f"loss {rec.get('train.loss', float('nan')):.4f}, {rec['time_epoch_s']:.1f} s")
-        writer.close()
-        (run_dir / "adapter_ema.safetensors").write_bytes(
-            encode_adapter(sess.adapters.state_dict("ema"), sess.version, sess.adapters.spec))
+
+    def done(rec: dict[str, Any]) -> None:
+        log(f"epoch {rec['epoch']}/{cfg.epochs}: reward {rec['rollout.reward_mean']:.4f}, "
+            f"loss {rec.get('train.loss', float('nan')):.4f}, {rec['time_epoch_s']:.1f} s")
+
+    try:
+        base_eval = run_epochs(sess, run_dir, start, remote.epoch, resume=resume, log=log, fresh_truncate=-1,
+                               on_state=set_state, on_record=written, after_epoch=done)
     except BaseException as exc:
         st.state, st.error = "failed", f"{type(exc).__name__}: {exc}"
         raise
