@@ -89,3 +89,13 @@ def test_the_core_reaches_the_shapes_bed_only_through_its_registries() -> None:
     before, after = r.stdout.strip().splitlines()[-2:]
     assert before == "[]"
     assert {"solrl.shapes.presets", "solrl.shapes.prompts", "solrl.shapes.reward"} <= set(ast.literal_eval(after))
+
+
+def test_the_planner_memory_model_the_update_names_resolves() -> None:
+    """The update names the planner's memory model instead of importing it (the planner sits above the engine): a
+    moved or renamed planner must move the name with it."""
+    from solrl.engine.update import MEMORY_MODEL
+    from solrl.registry import load_entry
+
+    fits, plan_error = (load_entry(ref) for ref in MEMORY_MODEL)
+    assert callable(fits) and issubclass(plan_error, Exception)
