@@ -28,8 +28,8 @@ def _pools(text: str) -> tuple[int, ...]:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from solrl import ddp
-    from solrl.loop import train
+    from solrl.engine import data_parallel as ddp
+    from solrl.engine.loop import train
 
     overrides = list(a.set or [])
     if a.epochs is not None:
@@ -55,8 +55,8 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from solrl.evaluate import write_eval
-    from solrl.loop import Session, load_run_for_eval
+    from solrl.engine.evaluate import write_eval
+    from solrl.engine.session import Session, load_run_for_eval
 
     out = Path(a.out)
     if a.checkpoint == "base":
@@ -101,8 +101,8 @@ def cmd_dashboard(a: argparse.Namespace) -> int:
 def cmd_calibrate(a: argparse.Namespace) -> int:
     """Measure the candidate proxies of `rollout.proxy` on the preset's base model (or a run's checkpoint) and
     say which one a run with rollout.explore_precision.backend=auto would explore with."""
-    from solrl.loop import Session, load_run_for_eval
-    from solrl.proxy import calibrate, format_calibration
+    from solrl.engine.proxy import calibrate, format_calibration
+    from solrl.engine.session import Session, load_run_for_eval
 
     sets = list(a.set or []) + ["rollout.explore_precision.backend=auto"]
     if a.checkpoint:
