@@ -1,6 +1,6 @@
 """A fixed-seed RL run on the bundled model raises the held-out exact reward of its EMA adapter.
 
-History (docs/shapes.md): the PixArt bases bundled until 2026-11-24 could not draw shapes, so short runs
+History (docs/notes/shapes.md): the PixArt bases bundled until 2026-11-24 could not draw shapes, so short runs
 did not move the held-out reward and this test optimised the JPEG compressibility reward instead. The UNet
 base draws shapes often enough for RL to amplify, and the test now asserts what `make demo` shows: held-out
 prompts (attribute combinations never rendered in pretraining), scored with the exact `shapes` reward.

@@ -113,7 +113,7 @@ def test_solrl_up_with_two_explorers_matches_the_embedded_run(tmp_path, monkeypa
     # beside its bf16 base, exactly as the embedded loop's trainer model computes it.
     # A PixArt denoiser: its forward is batch-invariant on CPU, so a job per prompt (services) and all prompts
     # in one batch (embedded) agree bit for bit. The bundled UNet's convolutions are not (about 4e-6 between
-    # micro-batches of 16 and 4), so on it the two runs agree to float tolerance only (docs/shapes.md).
+    # micro-batches of 16 and 4), so on it the two runs agree to float tolerance only (docs/notes/shapes.md).
     model_dir = tmp_path / "pixart"
     ShapesModel.random(seed=0, denoiser="pixart", layers=6, heads=4).save(model_dir)
     sets = [*SMALL, f"model.path={model_dir}"]

@@ -1,6 +1,6 @@
 """Pretraining variants of the shapes base side by side, each tracked with the headroom guidance shows.
 
-What classifier-free guidance adds to a base was compared with what RL adds on it (docs/shapes.md: loosely
+What classifier-free guidance adds to a base was compared with what RL adds on it (docs/notes/shapes.md: loosely
 related over five bases), so the guided held-out reward is tracked beside the unguided one. This benchmark
 trains each variant of the bundled recipe (`solrl shapes pretrain`, one process per variant and seed, `jobs`
 at a time, one torch thread each) with `--track-guidance 3` and tables, per tracked step and averaged over the

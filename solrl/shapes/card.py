@@ -170,7 +170,7 @@ project from a fixed seed; the weights in this folder are what `load_model("shap
 
 Held-out prompts are attribute combinations never rendered in pretraining. Scored with the
 precision-aware reward (colour and shape are F1 scores: extra detections cost credit). See
-docs/shapes.md for what the samples get wrong.
+docs/notes/shapes.md for what the samples get wrong.
 {track}"""
     (w / "README.md").write_text(text)
     print(text)

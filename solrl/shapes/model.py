@@ -5,7 +5,7 @@ Denoiser: a diffusers `UNet2DConditionModel` (32/64/64 channels, cross-attention
 image is already as small as a latent would be, a VAE would add its own training run and its own errors
 to every score, and the flow-matching maths is the same either way. A UNet because on two CPU cores it
 draws shapes after 500 pretraining steps, where PixArt and SANA transformers of the same cost still drew
-blobs after thousands (docs/shapes.md); PixArt and SANA denoisers remain available (`--denoiser`).
+blobs after thousands (docs/notes/shapes.md); PixArt and SANA denoisers remain available (`--denoiser`).
 Text encoder: a 2-layer `transformers.CLIPTextModel` over a word-level tokenizer of the world's closed
 vocabulary (unknown words are rejected).
 """

@@ -17,7 +17,7 @@ def _shapes_base(name: str, mode: str) -> RunConfig:
     of that takes 15 small steps: it takes one step per prompt group (optimizer_steps_per_epoch=0: 8 per
     epoch) at lr 1e-3. With every sample trained at all 10 rollout timesteps this raised the held-out exact
     reward +0.078 in 15 epochs on the bundled base, against +0.024 with one step per epoch at 3e-4 and fraction
-    0.4, and +0.022 with 4 steps (docs/shapes.md). 12 epochs.
+    0.4, and +0.022 with 4 steps (docs/notes/shapes.md). 12 epochs.
 
     The NFT guidance strength is 0.5 (the reference: 1.0, and 0.1 for its OCR and multi-reward runs): the implicit
     positive policy beta * v + (1 - beta) * v_old then moves half as far as v, so the loss pulls v twice as far

@@ -57,7 +57,7 @@ class PretrainConfig:
     eval_steps: int = 10           # Euler steps of those samples (the rollout grid)
     track_guidance: float = 0.0    # > 1: also sample the held-out prompts with classifier-free guidance at this scale
                                    # ("heldout_guided"): what the conditional model knows beyond what it draws
-                                   # unguided, per caption form, the headroom RL was measured to reach (docs/shapes.md)
+                                   # unguided, per caption form, the headroom RL was measured to reach (docs/notes/shapes.md)
     device: str = "cpu"            # where the model trains ("cuda" on a GPU); data, noise and timesteps are
                                    # drawn on the CPU from the seeded generators either way, then moved
     track_on_device: bool = False  # tracking samples run their forwards on `device` too (fast sweeps on a GPU);

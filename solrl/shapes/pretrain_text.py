@@ -3,7 +3,7 @@ order-swapped captions as hard negatives, before the denoiser is trained on it.
 
 Why: a text encoder trained from scratch only through the denoising loss never learned which object of a
 relation goes where (`solrl bench relations`: order at chance, ~1/255 pixel change when the relation word
-flips; docs/shapes.md). Text-to-image models at scale start from a pretrained text encoder; contrastive
+flips; docs/notes/shapes.md). Text-to-image models at scale start from a pretrained text encoder; contrastive
 image-text encoders are known to read captions as bags of words unless trained against negatives that only
 differ in order (Yuksekgonul et al. 2023, "When and why vision-language models behave like bags-of-words",
 their NegCLIP). Here the negatives are the world's own: "a red circle to the left of a blue square" against

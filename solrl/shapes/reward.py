@@ -9,7 +9,7 @@ Score in [0, 1] with partial credit: the mean of the applicable sub-scores
 Expected objects are matched to detections by the assignment that maximises colour, shape and
 position agreement. The F1 (2 * matched / (expected + detected)) makes every extra detection cost
 credit: with recall alone, an image flooded with fragments of the prompted colour earns colour, shape
-and position credit from its best fragments, and RL finds that in a few epochs (docs/shapes.md).
+and position credit from its best fragments, and RL finds that in a few epochs (docs/notes/shapes.md).
 """
 
 from __future__ import annotations
