@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks" / "results").glob("*.md")),
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md")), *sorted((ROOT / "benchmarks" / "results").glob("*.md")),
         *sorted((ROOT / "services").glob("*/README.md")), ROOT / "solrl" / "shapes" / "weights" / "README.md"]
 EXT = r"(?:md|py|json|jsonl|ya?ml|png|proto|toml|txt|safetensors)"
 REF = re.compile(rf"(?<![\w/.:-])((?:[\w.-]+/)*[\w.-]+\.{EXT})(?![\w/])")

@@ -114,7 +114,7 @@ def summarize(runs: dict[str, Path]) -> dict[str, Any]:
 def markdown(table: dict[str, list[dict[str, Any]]], seeds: int, eval_prompts: int) -> str:
     head = (f"Held-out exact reward of each variant's EMA weights, {eval_prompts} held-out prompts x 1 seed per "
             f"tracking point, mean over {seeds} pretraining seed(s); CFG = sampled with guidance {GUIDANCE:g} "
-            "(set beside what RL adds in docs/shapes.md). Variants: the bundled recipe with the flags of "
+            "(set beside what RL adds in docs/notes/shapes.md). Variants: the bundled recipe with the flags of "
             "`solrl.bench.pretrain_sweep.VARIANTS`.\n\n")
     lines = ["| variant | step | mean | + CFG | relation | + CFG (relation) | position | shape acc | exact match |",
              "|---|---|---|---|---|---|---|---|---|"]
