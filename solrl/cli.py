@@ -119,30 +119,33 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
-    """Stage times per epoch and the GPU placement with the shortest epoch (solrl/plan.py); --calibrate fits the
+    """Stage times per epoch and the GPU placement with the shortest epoch (solrl/deploy/); --calibrate fits the
     cost model to the paper's table and writes OUT/plan.md and OUT/plan.json."""
-    from solrl import plan
+    from solrl.deploy.fit import calibration_report
+    from solrl.deploy.placement import make_plan
+    from solrl.deploy.recipe import resolve_config
+    from solrl.deploy.report import format_plan, plan_dict
 
     if a.calibrate:
         out = Path(a.out or "benchmarks/results")
-        res = plan.calibration_report(out)
+        res = calibration_report(out)
         c = res["calibration"]
         print(f"fitted: sampling efficiency {c['eta_rollout']:.4f}, training efficiency {c['eta_train']:.4f}, "
               f"{c['image_s'] * 1000:.2f} ms per 1024 px image; RMS error {res['rms_error']:.1%}, largest "
               f"{res['max_error']:.1%}")
         print(f"wrote {out / 'plan.md'} and {out / 'plan.json'}")
         return 0
-    cfg, preset = plan.resolve_config(a.model, a.preset, list(a.set or []))
-    p = plan.make_plan(cfg, preset, a.gpu, a.gpus, layout=a.layout, explorers=a.explorers,
-                       regenerators=a.regenerators, trainer_ranks=a.trainer_ranks)
+    cfg, preset = resolve_config(a.model, a.preset, list(a.set or []))
+    p = make_plan(cfg, preset, a.gpu, a.gpus, layout=a.layout, explorers=a.explorers,
+                  regenerators=a.regenerators, trainer_ranks=a.trainer_ranks)
     if a.emit:
-        from solrl.layouts import emit
+        from solrl.deploy.layouts import emit
 
         print(emit(p, a.emit, list(a.set or [])), end="")
     elif a.json:
-        print(json.dumps(plan.plan_dict(p), indent=1))
+        print(json.dumps(plan_dict(p), indent=1))
     else:
-        print(plan.format_plan(p))
+        print(format_plan(p))
     return 0
 
 
@@ -256,7 +259,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def cmd_up(a: argparse.Namespace) -> int:
-    from solrl.up import run
+    from solrl.deploy.up import run
 
     try:
         return run(a)
@@ -577,7 +580,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="start every role as a local process against a Redis URL (Ctrl-C stops all)")
     try:
-        from solrl.up import add_arguments as _up_args
+        from solrl.deploy.up import add_arguments as _up_args
 
         _up_args(up)
         up.set_defaults(fn=cmd_up)

@@ -5,7 +5,8 @@ keep the choice honest during the run.
 full rollout steps (the reference) and with every candidate proxy (FORMAT@STEPS[/POLICY]) through the
 explorer's own `explore` call, and measures per prompt the Kendall tau of the proxy's rewards against the
 reference's and the kept-set contrast (the reference reward of the proxy's best k/2 minus its worst k/2:
-what the trainer is given). Each candidate costs `steps` forwards per seed, priced by a device model:
+what the trainer is given). Each candidate costs `steps` forwards per seed, priced by a device model (the
+hardware table's format costs, solrl/hardware.py):
 
   b200           FP4 1/4 and FP8 1/2 of a BF16 forward for the quantized share of its multiply-accumulates
   h100 / h200    FP8 1/2; no FP4 (such candidates are left out)
@@ -29,8 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-DEVICES = ("b200", "h100", "h200", "cpu")
-_RATES = {"b200": {"fp4": 0.25, "fp8": 0.5}, "h100": {"fp8": 0.5}, "h200": {"fp8": 0.5}}
+from solrl.hardware import GPUS, format_cost, forward_cost
+
+DEVICES = (*GPUS, "cpu")
 
 
 @dataclass(frozen=True)
@@ -106,24 +108,16 @@ def check_proxy_config(p, full_steps: int) -> list[Candidate]:
     if p.patience < 1 or p.every < 0:
         raise ValueError(f"rollout.proxy.patience must be >= 1 and rollout.proxy.every >= 0, got {p.patience}, "
                          f"{p.every}")
-    if p.device in ("h100", "h200") and all(_rate(c.backend, p.device) is None for c in cands):
+    if p.device in ("h100", "h200") and all(format_cost(c.backend, p.device) is None for c in cands):
         raise ValueError(f"rollout.proxy.candidates: none can run on {p.device} (no FP4 on Hopper): add an FP8 or "
                          f"BF16 candidate")
     return cands
 
 
-def _rate(backend: str, device: str) -> float | None:
-    """Cost of the quantized part of a forward relative to BF16 on `device`; None: the format has no kernel there."""
-    fmt = "fp4" if "fp4" in backend else "fp8" if "fp8" in backend else None
-    if fmt is None:
-        return 1.0
-    return _RATES[device].get(fmt)
-
-
 def model_cost(c: Candidate, device: str, share: float) -> float | None:
     """BF16-forward equivalents per explored seed under a GPU device model (None: cannot run there)."""
-    rate = _rate(c.backend, device)
-    return None if rate is None else c.steps * ((1.0 - share) + share * rate)
+    cost = forward_cost(c.backend, share, device)
+    return None if cost is None else c.steps * cost
 
 
 def _price(row: dict[str, Any], cost: float | None, target: float) -> dict[str, Any]:

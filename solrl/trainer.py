@@ -47,7 +47,7 @@ def use_gradient_checkpointing(setting: str, model: T2IModel, run: RunConfig | N
         return False
     if run is None:
         return True
-    from solrl import plan
+    from solrl.deploy import memory as plan
 
     hbm_gb = torch.cuda.get_device_properties(device).total_memory / 1e9
     ranks = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1

@@ -423,7 +423,7 @@ def test_a_remote_scorer_splits_what_is_over_the_request_limit(reward_service):
 
 
 def test_solrl_up_gives_the_rollout_services_the_clip(tiny_dirs, tmp_path):
-    from solrl.up import plan
+    from solrl.deploy.up import plan
 
     ports = iter(range(20000, 20100))
     for name, want in (("wan2.2-t2v-a14b", ["--frames", str(FRAMES), "--height", "16", "--width", "16",
