@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from solrl.bench import run_bench
-from solrl.cli import main
+from solrl.cli.app import main
 
 
 @pytest.mark.slow

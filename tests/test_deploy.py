@@ -257,7 +257,7 @@ def plan_command(path: str) -> list[str]:
 
 @pytest.mark.parametrize("path", GENERATED)
 def test_generated_layouts_are_what_solrl_plan_emits(path, capsys):
-    from solrl.cli import main
+    from solrl.cli.app import main
 
     assert main(plan_command(path)[1:]) == 0
     assert capsys.readouterr().out == (ROOT / path).read_text(), f"{path} differs from its command's output"

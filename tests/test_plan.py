@@ -13,7 +13,7 @@ import yaml
 from test_deploy import k8s_copy
 
 from solrl import hardware
-from solrl.cli import main
+from solrl.cli.app import main
 from solrl.deploy import facts, fit, flops, placement, recipe, report, timing
 from solrl.deploy.layouts import emit
 

@@ -264,7 +264,7 @@ def test_a_clip_the_model_cannot_make_is_refused_before_loading(argv, message, t
     """Flags (or the run's settings) naming a clip the model's VAE cannot make: a ConfigError naming the setting from
     the role's start-up, before any weights are read (the weights path does not even exist); `solrl serve` prints it
     and exits 2."""
-    from solrl.cli import main
+    from solrl.cli.app import main
 
     missing = str(tmp_path / "no-weights")
     for module in (explorer_server, regenerator_server):
