@@ -69,7 +69,7 @@ def _run_inproc(cfg, sets: list[str], run_dir: Path, ns: str, explorers: int) ->
     from services.reward.server import start as start_reward
     from services.trainer.server import AdapterPusher
     from solrl.adapters import LoraSpec
-    from solrl.distributed import run_distributed
+    from solrl.engine.queue_loop import run_distributed
     from solrl.models import load_model
     from solrl.precision import PrecisionConfig, build_backend
     from solrl.queue import QueueConfig, build_queue
@@ -122,7 +122,7 @@ def epoch_times(sets: list[str], epochs: int, services: str = "up", explorers: i
     import redis
 
     from solrl.config import apply_overrides, get_preset
-    from solrl.loop import Session
+    from solrl.engine.session import Session
 
     if services not in SERVICE_MODES:
         raise ValueError(f"services must be one of {SERVICE_MODES}, got {services!r}")

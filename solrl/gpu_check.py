@@ -569,7 +569,7 @@ def update_model(name: str, setup: Setup) -> tuple[torch.nn.Module, Any]:
 def update_once(name: str, module: torch.nn.Module, adapters: Any, setup: Setup, rows: int,
                 checkpointing: bool) -> dict[str, Any]:
     """One LoRA update (forward, MSE to a random target, backward, AdamW step) on `rows` rows: time, peak memory."""
-    from solrl.trainer import set_gradient_checkpointing
+    from solrl.engine.update import set_gradient_checkpointing
 
     free_memory()
     on = set_gradient_checkpointing(module, checkpointing)

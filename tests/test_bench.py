@@ -162,7 +162,7 @@ def test_ablate_small(tmp_path):
 
 
 def test_selection_contrast():
-    from solrl.loop import selection_contrast
+    from solrl.engine.session import selection_contrast
 
     kept = np.array([[0.9, 0.7, 0.1, 0.3], [0.5, 0.6, 0.2, 0.0]])  # per prompt: the proxy's best 2, then worst 2
     assert selection_contrast(kept, "best_worst") == pytest.approx(

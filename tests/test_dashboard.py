@@ -39,7 +39,7 @@ def chromium() -> str:
 def test_the_page_follows_a_running_training(tmp_path) -> None:
     from playwright.sync_api import sync_playwright
 
-    from solrl.loop import train
+    from solrl.engine.loop import train
 
     browser_path = chromium()
     run_dir = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""The data-parallel trainer (solrl/ddp.py) under torchrun with CPU gloo ranks: K = 2 trains the adapter K = 1
+"""The data-parallel trainer (solrl/engine/data_parallel.py) under torchrun with CPU gloo ranks: K = 2 trains the adapter K = 1
 trains, a rank that dies fails the run within seconds and the run resumes (with another K), and a launch with
 more ranks than samples per optimizer step is refused before training."""
 
@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load_file
 from test_loop import TINY, random_model_dir, tiny_cfg  # noqa: F401  (a module-scoped fixture)
 
-from solrl import ddp
 from solrl.config import ConfigError
+from solrl.engine import data_parallel as ddp
 from solrl.telemetry import read_metrics
 
 BIN = Path(sys.executable).parent

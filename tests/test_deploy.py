@@ -50,7 +50,7 @@ from services.regenerator import server as regenerator_server
 from services.reward import server as reward_server
 from services.reward.args import DEFAULT_REWARDS
 from services.trainer import server as trainer_server
-from solrl.distributed import GROUP_EXPLORERS, STREAM_EXPLORE
+from solrl.engine.queue_loop import GROUP_EXPLORERS, STREAM_EXPLORE
 from solrl.models import ENV_CUDA_STANDIN
 from solrl.rewards import available_rewards, reward_info
 from solrl.telemetry import read_metrics

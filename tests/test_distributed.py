@@ -20,7 +20,7 @@ from services.explorer.dataplane import ExplorerDataPlane
 from services.regenerator.dataplane import RegeneratorDataPlane
 from solrl.adapters import LoraSpec
 from solrl.config import apply_overrides, get_preset
-from solrl.distributed import (
+from solrl.engine.queue_loop import (
     GROUP_EXPLORERS,
     GROUP_REGENERATORS,
     GROUP_TRAINER,
@@ -31,7 +31,7 @@ from solrl.distributed import (
     ensure_pipeline,
     run_distributed,
 )
-from solrl.loop import Session
+from solrl.engine.session import Session
 from solrl.models import load_model
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.precision import PrecisionConfig, build_backend
@@ -154,7 +154,7 @@ def test_distributed_run_matches_the_embedded_loop(model_dir, queue, tmp_path):
         assert d["train.loss"] == pytest.approx(e["train.loss"], rel=1e-6)
         assert d["proxy_gap"] == pytest.approx(e["proxy_gap"], abs=1e-6)
 
-    from solrl.checkpoint import latest_checkpoint, load_adapters
+    from solrl.engine.checkpoint import latest_checkpoint, load_adapters
 
     dist = Session.build(cfg)
     load_adapters(latest_checkpoint(tmp_path / "dist"), dist.adapters)
@@ -309,7 +309,7 @@ def test_the_adaptive_proxy_in_services_mode_follows_the_embedded_run(model_dir,
     the chosen proxy (precision and steps) in every ExploreJob, and the explorer (started with another
     precision) samples with it. Choices, controller state and results equal the embedded run's; the
     rollouts say which proxy ranked them."""
-    from solrl.loop import train
+    from solrl.engine.loop import train
 
     sets = ["rollout.explore_precision.backend=auto", "rollout.proxy.prompts=2", "rollout.proxy.seeds=6",
             'rollout.proxy.candidates=["nvfp4-emu@1", "fp32@3"]', "rollout.proxy.target=0.95",

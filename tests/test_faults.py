@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from solrl.distributed import (
+from solrl.engine.queue_loop import (
     GROUP_EXPLORERS,
     GROUP_REGENERATORS,
     STREAM_EXPLORE,

@@ -19,15 +19,16 @@ from test_distributed import model_dir, planes, queue  # noqa: F401  (fixtures)
 from test_loop import random_model_dir, tiny_cfg  # noqa: F401  (a module-scoped fixture)
 
 from services.common.workers import explorer_worker, regenerator_worker
-from solrl import ddp
 from solrl.algo import flow_grpo_loss, mean_kl, threshold_groups
 from solrl.config import ConfigError, apply_overrides, get_preset
-from solrl.distributed import run_distributed
-from solrl.loop import Session, train
+from solrl.engine import data_parallel as ddp
+from solrl.engine.loop import train
+from solrl.engine.queue_loop import run_distributed
+from solrl.engine.session import Session
+from solrl.engine.update import Batch, FlowGRPOTrainer
 from solrl.rollout import SamplerSpec, generate
 from solrl.sampling import SeedNoise, flow_sigmas, noise_for_seeds, sample
 from solrl.telemetry import read_metrics, strip_timings
-from solrl.trainer import Batch, FlowGRPOTrainer
 
 PROMPT = "two blue squares"
 # |ratio - 1| on an epoch's first optimizer step: 0 when the log-probs recompute bit for bit; else the trainer's
@@ -242,7 +243,7 @@ def test_services_mode_matches_the_embedded_loop(model_dir, queue, tmp_path):  #
         for key in ("train.loss", "train.kl", "train.approx_kl", "train.clip_frac", "train.grad_norm"):
             assert d[key] == e[key], key  # fp32 on both sides: the regenerator's LoRA arithmetic is the trainer's
 
-    from solrl.checkpoint import latest_checkpoint, load_adapters
+    from solrl.engine.checkpoint import latest_checkpoint, load_adapters
 
     dist = Session.build(cfg)
     load_adapters(latest_checkpoint(tmp_path / "dist"), dist.adapters)

@@ -66,17 +66,18 @@ def test_an_upward_import_breaks_the_layers_and_makes_a_circle(copy: Path) -> No
 
 def test_a_core_module_importing_the_shapes_bed_breaks_the_layers(copy: Path) -> None:
     # evaluation reaching up into the bed instead of asking the scorer for its metrics
-    _add_import(copy / "solrl" / "evaluate.py", "import solrl.shapes.metrics  # noqa: F401")
+    _add_import(copy / "solrl" / "engine" / "evaluate.py", "import solrl.shapes.metrics  # noqa: F401")
     r = lint(copy)
     assert r.returncode != 0
     assert "solrl's layers BROKEN" in r.stdout
-    assert "solrl.evaluate is not allowed to import solrl.shapes" in r.stdout
+    assert "solrl.engine is not allowed to import solrl.shapes" in r.stdout
+    assert "solrl.engine.evaluate -> solrl.shapes.metrics" in r.stdout
 
 
 def test_the_core_reaches_the_shapes_bed_only_through_its_registries() -> None:
     """Importing the core loads nothing of solrl.shapes; the registries name the bed and import it when used."""
-    core = ("solrl.config", "solrl.prompts", "solrl.models", "solrl.rewards", "solrl.evaluate", "solrl.loop",
-            "solrl.distributed", "solrl.deploy.fit", "solrl.deploy.layouts", "solrl.deploy.up")
+    core = ("solrl.config", "solrl.prompts", "solrl.models", "solrl.rewards", "solrl.engine.evaluate",
+            "solrl.engine.loop", "solrl.engine.queue_loop", "solrl.deploy.fit", "solrl.deploy.layouts", "solrl.deploy.up")
     code = ("import sys\n" + "".join(f"import {m}\n" for m in core)
             + "print(sorted(m for m in sys.modules if m.startswith('solrl.shapes')))\n"
             + "from solrl.config import get_preset\nfrom solrl.prompts import load_prompt_set\n"
@@ -88,3 +89,13 @@ def test_the_core_reaches_the_shapes_bed_only_through_its_registries() -> None:
     before, after = r.stdout.strip().splitlines()[-2:]
     assert before == "[]"
     assert {"solrl.shapes.presets", "solrl.shapes.prompts", "solrl.shapes.reward"} <= set(ast.literal_eval(after))
+
+
+def test_the_planner_memory_model_the_update_names_resolves() -> None:
+    """The update names the planner's memory model instead of importing it (the planner sits above the engine): a
+    moved or renamed planner must move the name with it."""
+    from solrl.engine.update import MEMORY_MODEL
+    from solrl.registry import load_entry
+
+    fits, plan_error = (load_entry(ref) for ref in MEMORY_MODEL)
+    assert callable(fits) and issubclass(plan_error, Exception)

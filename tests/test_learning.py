@@ -13,7 +13,7 @@ import json
 import pytest
 
 from solrl.config import apply_overrides, get_preset
-from solrl.loop import train
+from solrl.engine.loop import train
 
 # Measured on 2 cores with these settings, two torch threads pinned so the run follows the measured
 # trajectory; the margin is half of it, so another machine's float reduction order (another trajectory) does

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from solrl.config import get_preset
-from solrl.loop import Session, train
+from solrl.engine.loop import train
+from solrl.engine.session import Session
 from solrl.rollout import SamplerSpec, generate
 from solrl.shapes.model import ShapesModel
 from solrl.telemetry import read_metrics, strip_timings
@@ -133,7 +134,7 @@ def test_training_changes_the_adapter_and_old_follows(random_model_dir):
 def test_no_selection_trains_the_first_k_seeds_of_the_pool_the_other_modes_draw(random_model_dir):
     """A run seed gives diffusion_nft (pool set above kept) and the selecting modes the same prompts and pool of noises:
     its k trained samples of each prompt are the first k of the pool naive_scaling samples (kept = pool: all of it)."""
-    from solrl.loop import epoch_rng
+    from solrl.engine.session import epoch_rng
 
     def first_epoch(extra):
         sess = Session.build(tiny_cfg(random_model_dir, extra=extra))
@@ -156,7 +157,7 @@ def test_no_selection_trains_the_first_k_seeds_of_the_pool_the_other_modes_draw(
 
 
 def test_trained_spread_reads_each_groups_halves():
-    from solrl.loop import trained_spread
+    from solrl.engine.session import trained_spread
 
     got = trained_spread(np.array([[0.0, 1.0, 0.5, 0.5], [0.2, 0.2, 0.2, 0.2]]))
     assert got["rollout.half_gap"] == pytest.approx((0.75 - 0.25 + 0.0) / 2)
@@ -197,7 +198,7 @@ def test_cli_train_then_eval_of_the_run(random_model_dir, tmp_path, capsys):
     # any saved epoch, not only the latest: 0 is the untrained adapter, a missing one names what is saved
     from safetensors.torch import load_file
 
-    from solrl.loop import load_run_for_eval
+    from solrl.engine.session import load_run_for_eval
 
     saved = load_file(str(run / "checkpoints" / "epoch_0001" / "adapters.safetensors"))
     ema1 = load_run_for_eval(run, 1).adapters.state_dict("ema")

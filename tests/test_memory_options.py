@@ -13,10 +13,10 @@ from transformers import CLIPTextModel
 
 from solrl.adapters import LoraAdapters, LoraSpec
 from solrl.config import ConfigError, TrainConfig, resolve
+from solrl.engine.update import NFTTrainer, set_gradient_checkpointing, use_gradient_checkpointing
 from solrl.precision import allow_tf32
 from solrl.rollout import PromptCache, SamplerSpec, generate
 from solrl.shapes.model import ShapesModel, text_encoder_config, transformer_config
-from solrl.trainer import NFTTrainer, set_gradient_checkpointing, use_gradient_checkpointing
 
 
 class CountingShapes(ShapesModel):

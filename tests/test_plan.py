@@ -175,8 +175,8 @@ def test_trainer_ranks_follow_the_trainer_s_rule_not_the_epoch_s_samples():
     """shapes-sol-rl takes one optimizer step per prompt group: with 4 kept of 8 prompts an epoch holds 32
     samples but each step 4, and the trainer (ddp.check_ranks) refuses a 5th rank. The plan caps ranks the same
     way (one function, ddp.max_ranks), says so, and prices training per step: ceil(4 / g) samples each."""
-    from solrl import ddp
     from solrl.config import ConfigError
+    from solrl.engine import data_parallel as ddp
 
     sets = ["rollout.kept=4"]
     cfg, _ = recipe.resolve_config(None, "shapes-sol-rl", sets)

@@ -92,7 +92,7 @@ def inject_adapters(module: torch.nn.Module, spec) -> dict[str, list[torch.nn.Pa
 
 
 def adam_state_bytes(params: list[torch.nn.Parameter]) -> int:
-    """AdamW's moments after one step, as the trainer builds it (solrl/trainer.py)."""
+    """AdamW's moments after one step, as the trainer builds it (solrl/engine/update.py)."""
     for p in params:
         p.requires_grad_(True)
         p.grad = torch.zeros_like(p)

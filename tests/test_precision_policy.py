@@ -49,7 +49,7 @@ def test_policy_errors_name_the_field(shapes) -> None:
 
 
 def test_a_run_with_a_bad_skip_pattern_fails_before_any_work(tmp_path) -> None:
-    from solrl.loop import train
+    from solrl.engine.loop import train
 
     cfg = apply_overrides(get_preset("shapes-sol-rl"), ['rollout.explore_precision.skip=["mid_blok.*"]']).validate()
     with pytest.raises(ValueError, match="mid_blok"):

@@ -62,7 +62,7 @@ def test_pretrain_tracks_the_exact_reward_on_both_splits(tmp_path):
 def test_guided_tracking_scores_the_guided_samples():
     """heldout_guided is the held-out evaluation sampled with CFG at track_guidance: equal to that evaluation
     run on its own, and not the unguided one (on the bundled base, which draws objects)."""
-    from solrl.evaluate import evaluate
+    from solrl.engine.evaluate import evaluate
     from solrl.rollout import SamplerSpec
     from solrl.shapes.metrics import eval_prompts
     from solrl.shapes.pretrain import track
@@ -118,7 +118,7 @@ def test_bundled_base_is_in_the_useful_band_and_its_card_is_reproducible():
     0.5-0.8) and sometimes gets every attribute right (exact match 0.15-0.5), with room for RL (mean exact
     reward <= 0.85); re-evaluating the bundled weights gives the numbers the card reports."""
     from solrl.config import get_preset
-    from solrl.loop import Session
+    from solrl.engine.session import Session
 
     card = json.loads((Path(__file__).resolve().parents[1] / "solrl/shapes/weights/heldout_eval.json").read_text())
     reported = card["results"]["10"]

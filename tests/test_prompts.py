@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from solrl.config import ConfigError, RunConfig, apply_overrides, get_preset
-from solrl.evaluate import eval_prompt_set, evaluate
+from solrl.engine.evaluate import eval_prompt_set, evaluate
 from solrl.prompts import (
     BUILTIN,
     PromptSetError,
@@ -131,7 +131,7 @@ def test_evaluate_with_another_reward_and_a_multi_reward():
     """The bundled shapes model on shapes prompts, scored by a non-shapes reward and a weighted mix."""
     import torch
 
-    from solrl.loop import Session
+    from solrl.engine.session import Session
     from solrl.rewards import build_reward
 
     torch.set_num_threads(1)

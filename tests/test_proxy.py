@@ -8,7 +8,8 @@ import math
 import pytest
 
 from solrl.config import ConfigError, apply_overrides, get_preset
-from solrl.proxy import Candidate, ProxyController, choose, model_cost, parse_candidate
+from solrl.engine.proxy import ProxyController, choose
+from solrl.rollout.candidates import Candidate, model_cost, parse_candidate
 
 SMALL = ["epochs=2", "eval.every=0", "tensorboard=false", "rollout.prompts_per_epoch=2", "rollout.pool=6",
          "rollout.kept=4", "eval.prompts=2", "eval.seeds_per_prompt=1", "lora.rank=4", "lora.alpha=8",
@@ -79,7 +80,7 @@ def test_a_run_with_auto_calibrates_records_and_uses_its_choice(tmp_path) -> Non
     """Built so the answer is clear: at target 0.95 only BF16 at the full 10 steps ranks like the BF16
     reference (tau 1), so it wins over the cheaper 1-step NVFP4 and 2-step FP8 proxies; its explore
     forwards are 10 steps per seed. Resuming after epoch 1 continues the same records."""
-    from solrl.loop import train
+    from solrl.engine.loop import train
 
     cfg = small('rollout.proxy.candidates=["nvfp4-emu@1", "bf16@10", "fp8-e4m3-emu@2"]')
     train(cfg, tmp_path / "a", progress=False, log=lambda *_: None)
@@ -102,7 +103,7 @@ def test_a_run_with_auto_calibrates_records_and_uses_its_choice(tmp_path) -> Non
 
 @pytest.mark.slow
 def test_a_switch_rebuilds_the_explorer_one_rung_up(tmp_path) -> None:
-    from solrl.loop import Session
+    from solrl.engine.session import Session
 
     cfg = small('rollout.proxy.candidates=["bf16@10", "fp32@10"]')
     sess = Session.build(cfg)

@@ -20,7 +20,7 @@ import redis as redis_py
 from test_deploy import _redis_server_or_skip, free_port
 
 from services.common.metrics import ServiceMetrics
-from solrl.distributed import (
+from solrl.engine.queue_loop import (
     GROUP_TRAINER,
     STREAM_EXPLORE,
     STREAM_ROLLOUTS,

@@ -15,7 +15,7 @@ import torch
 
 from solrl.adapters import decode_adapter, encode_adapter, merge_lora
 from solrl.config import PRESETS, apply_overrides, get_preset
-from solrl.loop import Session
+from solrl.engine.session import Session
 from solrl.models import available_models, load_model
 from solrl.models.diffusers_t2i import FAMILIES, MissingModelWeightsError, missing_files
 from solrl.models.diffusers_tiny import save_tiny

@@ -30,7 +30,7 @@ from services.common.tensors import numpy_to_tensor
 from services.reward.dataplane import RewardDataPlane
 from services.reward.server import build_server
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter, sha256_hex
-from solrl.checkpoint import load_checkpoint, save_checkpoint
+from solrl.engine.checkpoint import load_checkpoint, save_checkpoint
 from solrl.models import load_model
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2_grpc

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from solrl.config import apply_overrides, get_preset
-from solrl.loop import train
+from solrl.engine.loop import train
 from solrl.models import load_model
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.shapes.model import SPEC, ShapesModel, denoiser_kind, transformer_config

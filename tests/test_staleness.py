@@ -22,10 +22,11 @@ from test_loop import random_model_dir, tiny_cfg  # noqa: F401  (a module-scoped
 
 from services.common.metrics import ServiceMetrics, TrainingMetrics
 from services.common.workers import explorer_worker, regenerator_worker
-from solrl.checkpoint import latest_checkpoint, load_adapters
 from solrl.config import ConfigError, RunConfig, apply_overrides, get_preset
-from solrl.distributed import check_versions, run_distributed
-from solrl.loop import Session, epoch_rng, train
+from solrl.engine.checkpoint import latest_checkpoint, load_adapters
+from solrl.engine.loop import train
+from solrl.engine.queue_loop import check_versions, run_distributed
+from solrl.engine.session import Session, epoch_rng
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.telemetry import read_metrics, strip_timings
 

@@ -11,7 +11,7 @@ from test_loop import random_model_dir, tiny_cfg  # noqa: F401  (a module-scoped
 
 from solrl.algo import compute_advantages
 from solrl.config import ConfigError, apply_overrides, get_preset
-from solrl.loop import Session
+from solrl.engine.session import Session
 from solrl.sampling import flow_sigmas
 
 

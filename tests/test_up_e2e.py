@@ -29,10 +29,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import solrl.loop
+import solrl.engine.session
 from services.explorer.dataplane import ExplorerDataPlane
 from solrl.config import apply_overrides, get_preset
-from solrl.loop import Session
+from solrl.engine.session import Session
 from solrl.models import load_model
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.rewards import build_reward
@@ -93,7 +93,7 @@ def _observe(queue, stream: str) -> list:
 
 
 def _job_position(job_id: str) -> tuple[int, int]:
-    """(epoch index, prompt index) from a job id `<run>-e<epoch>-p<prompt>` (solrl.distributed.job_id_for)."""
+    """(epoch index, prompt index) from a job id `<run>-e<epoch>-p<prompt>` (solrl.engine.queue_loop.job_id_for)."""
     m = re.search(r"-e(\d+)-p(\d+)$", job_id)
     assert m, job_id
     return int(m.group(1)), int(m.group(2))
@@ -148,8 +148,8 @@ def test_solrl_up_with_two_explorers_matches_the_embedded_run(tmp_path, monkeypa
     # the embedded run, its explore / regenerate results recorded per epoch
     calls: dict[str, list] = {"explore": [], "regenerate": []}
     for name in calls:
-        real = getattr(solrl.loop, name)
-        monkeypatch.setattr(solrl.loop, name, lambda *a, _real=real, _name=name, **kw:
+        real = getattr(solrl.engine.session, name)
+        monkeypatch.setattr(solrl.engine.session, name, lambda *a, _real=real, _name=name, **kw:
                             calls[_name].append(_real(*a, **kw)) or calls[_name][-1])
     emb = Session.build(cfg)
     emb_recs, emb_adapters = [], []
@@ -180,7 +180,7 @@ def test_solrl_up_with_two_explorers_matches_the_embedded_run(tmp_path, monkeypa
     sel = {_job_position(s.job_id): s for s in selections}
     assert sorted(sel) == [(e, p) for e in range(cfg.epochs) for p in range(P)]
     rolls: dict[tuple[int, int, int], common_pb2.Rollout] = {}
-    for key, ro in rollouts:  # key: "<job id>:<position among the kept>" (solrl.distributed.rollout_key)
+    for key, ro in rollouts:  # key: "<job id>:<position among the kept>" (solrl.engine.queue_loop.rollout_key)
         job_id, _, position = key.rpartition(":")
         assert job_id == ro.job_id
         rolls[(*_job_position(job_id), int(position))] = ro

@@ -29,7 +29,7 @@ from solrl.adapters import (
     merge_lora,
 )
 from solrl.config import ConfigError, apply_overrides, get_preset, resolve
-from solrl.loop import Session
+from solrl.engine.session import Session
 from solrl.models import load_model
 from solrl.models.diffusers_t2i import MissingModelWeightsError, missing_files
 from solrl.models.wan import WAN_FAMILIES, WanExperts

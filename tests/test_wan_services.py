@@ -30,7 +30,7 @@ import pytest
 import torch
 from test_wan import FAMILY, FRAMES, SIDE, TINY_RUN
 
-import solrl.loop
+import solrl.engine.session
 from services.common.metrics import ServiceMetrics
 from services.common.rollout_shell import load_served_model, settle_role_args
 from services.explorer import server as explorer_server
@@ -39,9 +39,9 @@ from services.regenerator import server as regenerator_server
 from services.regenerator.dataplane import RegeneratorDataPlane
 from services.trainer import server as trainer_server
 from solrl.adapters import encode_adapter, sha256_hex
-from solrl.checkpoint import latest_checkpoint, load_adapters
 from solrl.config import ConfigError, apply_overrides, get_preset
-from solrl.loop import Session
+from solrl.engine.checkpoint import latest_checkpoint, load_adapters
+from solrl.engine.session import Session
 from solrl.models.wan_tiny import save_tiny_wan
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
@@ -191,8 +191,8 @@ def test_services_run_equals_the_embedded_run(name, tiny_dirs, namespace, reward
     # the embedded run of the same config, its explore / regenerate results recorded
     calls = {"explore": [], "regenerate": []}
     for fn in calls:
-        real = getattr(solrl.loop, fn)
-        monkeypatch.setattr(solrl.loop, fn, lambda *a, _real=real, _fn=fn, **kw:
+        real = getattr(solrl.engine.session, fn)
+        monkeypatch.setattr(solrl.engine.session, fn, lambda *a, _real=real, _fn=fn, **kw:
                             calls[_fn].append(_real(*a, **kw)) or calls[_fn][-1])
     emb = Session.build(cfg)
     base = emb.adapters.state_dict("default")

@@ -45,7 +45,7 @@ def wandb_records(path: Path) -> list:
 
 
 def test_an_offline_run_holds_the_metrics_config_and_grids(tmp_path) -> None:
-    from solrl.loop import train
+    from solrl.engine.loop import train
 
     cfg = apply_overrides(get_preset("shapes-sol-rl"), TINY).validate()
     train(cfg, tmp_path / "run", progress=False, log=lambda *_: None)

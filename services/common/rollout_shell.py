@@ -112,7 +112,7 @@ def _explorer_start(c) -> tuple[str, int]:
     ep = c.rollout.explore_precision.backend
     if ep != "auto":
         return ep, c.rollout.explore_steps
-    from solrl.proxy import parse_candidate
+    from solrl.rollout.candidates import parse_candidate
 
     first = parse_candidate(c.rollout.proxy.candidates[0])
     return first.backend, first.steps

@@ -31,7 +31,7 @@ from services.common.rollout_plane import resolve_sampler, sde_rollout_fields
 from services.common.tensors import torch_to_tensor
 from services.explorer.dataplane import JOB_FIELDS, ExplorerDataPlane
 from services.regenerator.dataplane import RegeneratorDataPlane
-from solrl.distributed import (
+from solrl.engine.queue_loop import (
     GROUP_EXPLORERS,
     GROUP_REGENERATORS,
     STREAM_EXPLORE,

@@ -127,7 +127,7 @@ class ExplorerDataPlane(RolloutPlane):
         """The serving precision of a requested proxy (backend + per-layer policy, the model's own skips
         included) and its label; errors name the request field."""
         from solrl.precision.policy import policy_config
-        from solrl.proxy import ProxyPartError, check_proxy_parts, proxy_label
+        from solrl.rollout.candidates import ProxyPartError, check_proxy_parts, proxy_label
 
         f = {**FIELDS, **fields}
         try:

@@ -1,4 +1,4 @@
-"""Trainer service: runs the distributed loop's driver (solrl.distributed) over Redis.
+"""Trainer service: runs the distributed loop's driver (solrl.engine.queue_loop) over Redis.
 
   solrl.trainer.v1.Trainer  Status
   grpc.health.v1.Health, reflection
@@ -18,8 +18,8 @@ planes' optional token (sent with the Info calls) from SOLRL_DATA_TOKEN. The pro
 Data-parallel: `torchrun --nproc-per-node K --no-python solrl serve trainer ...` (gloo on CPU, nccl on GPU, each rank
 on cuda:LOCAL_RANK). Rank 0 is the service: it consumes the rollouts, serves gRPC and the ops app, pushes adapters
 and writes the run directory; it broadcasts each epoch's batch and generator state to the other ranks
-(solrl/ddp.py, as the embedded loop under torchrun does), and every rank trains its share of each optimizer step
-under DDP. The other ranks bind no port, open no queue and write nothing: they follow (solrl.loop.train's rank > 0
+(solrl/engine/data_parallel.py, as the embedded loop under torchrun does), and every rank trains its share of each optimizer step
+under DDP. The other ranks bind no port, open no queue and write nothing: they follow (solrl.engine.loop.train's rank > 0
 path). A rank that dies ends the launch: torchrun stops the others and exits non-zero, and a restart resumes from
 the last checkpoint with any K.
 """
@@ -66,11 +66,11 @@ from services.trainer.args import (  # noqa: F401 (the options live there, light
     ENV_REGENERATOR_ADDRS,
     add_arguments,
 )
-from solrl import ddp
-from solrl.checkpoint import latest_checkpoint
 from solrl.config import ConfigError, RunConfig, resolve_run
 from solrl.dashboard import mount_dashboard
-from solrl.distributed import PIPELINE, RemoteSession, run_distributed
+from solrl.engine import data_parallel as ddp
+from solrl.engine.checkpoint import latest_checkpoint
+from solrl.engine.queue_loop import PIPELINE, RemoteSession, run_distributed
 from solrl.models import device_info
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2_grpc
@@ -222,7 +222,7 @@ def worker_mismatches(role: str, address: str, info: Any, cfg: RunConfig) -> lis
     out += clip_mismatches(role, address, info, cfg)
     if role == "explorer" and want_precision == "auto":
         # the adaptive proxy names the precision in each job: the explorer must be able to build every candidate
-        from solrl.proxy import parse_candidate
+        from solrl.rollout.candidates import parse_candidate
 
         available = set(getattr(info, "available_precisions", ()))
         missing = sorted({c.backend for c in map(parse_candidate, r.proxy.candidates)} - available)
@@ -387,9 +387,9 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
 
 
 def follow(cfg: RunConfig, run_dir: Path, resume: bool, ranks: ddp.Ranks) -> int:
-    """A data-parallel rank > 0: the embedded loop's follower (solrl.loop.train with ranks > 0): the same session
+    """A data-parallel rank > 0: the embedded loop's follower (solrl.engine.loop.train with ranks > 0): the same session
     and checkpoint as rank 0, then each epoch's batch from rank 0 and this rank's share of the update."""
-    from solrl.loop import train
+    from solrl.engine.loop import train
 
     log.info("rank %d of %d: training rank 0's batches (%s)", ranks.rank, ranks.world, run_dir)
     train(cfg, run_dir, resume=resume, progress=False, log=lambda *_: None, ranks=ranks)

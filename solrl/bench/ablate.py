@@ -16,7 +16,7 @@ import numpy as np
 
 from solrl.bench.common import SMALL_SAMPLING, write_results
 from solrl.config import apply_overrides, get_preset
-from solrl.loop import train
+from solrl.engine.loop import train
 
 
 def run(out: Path, small: bool = False, epochs: int | None = None, prompts: int | None = None,

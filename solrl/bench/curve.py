@@ -34,8 +34,8 @@ import numpy as np
 from solrl.algo import timestep_count
 from solrl.bench.common import SMALL_RUN, write_results
 from solrl.config import apply_overrides, get_preset
+from solrl.engine.loop import train
 from solrl.hardware import forward_cost
-from solrl.loop import train
 
 PAPER_MODES = ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant")
 # mode -> (preset, settings added to the preset's)
@@ -76,7 +76,7 @@ def epoch_cost(rec: dict[str, Any], cfg, share: float = 1.0, proxy_shares: dict[
     its candidate's format and quantized share (`proxy_shares`, from the run's calibrations)."""
     backend = cfg.rollout.explore_precision.backend
     if "explore.proxy" in rec:
-        from solrl.proxy import parse_candidate
+        from solrl.rollout.candidates import parse_candidate
 
         backend, share = parse_candidate(rec["explore.proxy"]).backend, (proxy_shares or {})[rec["explore.proxy"]]
     explore = rec.get("forwards_explore", 0) * forward_cost(backend, share)
@@ -100,7 +100,7 @@ def pair_cost(cfg) -> float:
 def calibration_cost(cal: dict[str, Any]) -> float:
     """BF16-forward equivalents of one adaptive-proxy calibration: every calibration seed sampled by the BF16
     reference at full steps and by each candidate at its explore steps, priced as the module doc says."""
-    from solrl.proxy import parse_candidate
+    from solrl.rollout.candidates import parse_candidate
 
     n = len(cal["prompts"]) * cal["seeds_per_prompt"]
     per_seed = cal["reference"]["steps"] + sum(
@@ -201,7 +201,7 @@ def eval_forms(preset: str, sets: list[str]) -> dict[str, int]:
     from collections import Counter
 
     from solrl.config import apply_overrides, get_preset
-    from solrl.evaluate import eval_prompt_set
+    from solrl.engine.evaluate import eval_prompt_set
     from solrl.shapes.metrics import caption_form
     from solrl.shapes.prompts import is_shapes_set
 

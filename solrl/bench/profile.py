@@ -19,7 +19,7 @@ import torch
 
 from solrl.bench.common import SMALL_STEPS, write_results
 from solrl.config import apply_overrides, get_preset
-from solrl.loop import Session
+from solrl.engine.session import Session
 
 PHASES = ("time_sync_s", "time_explore_s", "time_regenerate_s", "time_train_s", "time_epoch_s")
 # the regions solrl marks (the prefix every record_function name of the loop and the trainer carries)

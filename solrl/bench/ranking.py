@@ -36,7 +36,7 @@ from scipy import stats
 from solrl.algo import kept_contrast
 from solrl.bench.common import write_results
 from solrl.config import get_preset
-from solrl.loop import Session
+from solrl.engine.session import Session
 from solrl.precision import BACKENDS, available_backends
 from solrl.rollout import explore, regenerate
 from solrl.rollout.workers import InferenceCopy

@@ -21,7 +21,7 @@ import numpy as np
 
 from solrl.bench.common import write_results
 from solrl.config import apply_overrides, get_preset
-from solrl.loop import Session
+from solrl.engine.session import Session
 
 MODES = ("naive_scaling", "sol_rl", "diffusion_nft")
 

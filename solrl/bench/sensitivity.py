@@ -19,7 +19,7 @@ import torch
 
 from solrl.bench.common import write_results
 from solrl.config import get_preset
-from solrl.loop import Session
+from solrl.engine.session import Session
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.precision.base import denoiser_blocks, layer_macs, with_model_skips
 from solrl.rollout import generate_by_prompt

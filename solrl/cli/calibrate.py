@@ -12,8 +12,8 @@ from solrl.config import resolve
 def cmd_calibrate(a: argparse.Namespace) -> int:
     """Measure the candidate proxies of `rollout.proxy` on the preset's base model (or a run's checkpoint) and
     say which one a run with rollout.explore_precision.backend=auto would explore with."""
-    from solrl.loop import Session, load_run_for_eval
-    from solrl.proxy import calibrate, format_calibration
+    from solrl.engine.proxy import calibrate, format_calibration
+    from solrl.engine.session import Session, load_run_for_eval
 
     sets = list(a.set or []) + ["rollout.explore_precision.backend=auto"]
     if a.checkpoint:

@@ -11,8 +11,8 @@ from solrl.config import PRESETS, ConfigError, resolve
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from solrl.evaluate import write_eval
-    from solrl.loop import Session, load_run_for_eval
+    from solrl.engine.evaluate import write_eval
+    from solrl.engine.session import Session, load_run_for_eval
 
     out = Path(a.out)
     if a.checkpoint == "base":

@@ -9,8 +9,8 @@ from solrl.config import PRESETS, ConfigError, resolve_run
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from solrl import ddp
-    from solrl.loop import train
+    from solrl.engine import data_parallel as ddp
+    from solrl.engine.loop import train
 
     overrides = list(a.set or [])
     if a.epochs is not None:
@@ -19,7 +19,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     if not a.resume and (run_dir / "checkpoints").exists() and any((run_dir / "checkpoints").iterdir()):
         raise ConfigError(f"{run_dir} already holds a run; use --resume {run_dir} or another --out")
     ddp.check_ranks(cfg, ddp.from_env().world)  # before the process group: every rank refuses alike
-    with ddp.launch() as ranks:  # under torchrun: data-parallel, rank 0 samples and writes (solrl/ddp.py)
+    with ddp.launch() as ranks:  # under torchrun: data-parallel, rank 0 samples and writes (solrl/engine/data_parallel.py)
         if not ranks.is_main:
             train(cfg, run_dir, resume=bool(a.resume), progress=False, log=lambda *_: None, ranks=ranks)
             return 0

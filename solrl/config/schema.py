@@ -378,7 +378,7 @@ class RunConfig:
                 raise ConfigError(f"rollout.{name}.backend: unknown precision backend {backend!r}; available: "
                                   f"{available_backends()}{extra}")
         if r.explore_precision.backend == "auto":
-            from solrl.proxy import check_proxy_config
+            from solrl.rollout.candidates import check_proxy_config
 
             try:
                 check_proxy_config(r.proxy, r.steps)

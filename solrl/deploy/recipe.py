@@ -63,13 +63,13 @@ class Recipe:
 
 def recipe_from_config(cfg: RunConfig, preset: str, gpu: Gpu) -> tuple[Recipe, Any]:
     """The epoch's recipe and the explorer's PrecisionConfig (for the quantized share)."""
-    from solrl import ddp
     from solrl.algo.nft import timestep_count
+    from solrl.engine import data_parallel as ddp
 
     r, notes = cfg.rollout, []
     explore_pc, explore_steps = r.explore_precision, r.explore_steps
     if r.explore_precision.backend == "auto":
-        from solrl.proxy import check_proxy_config
+        from solrl.rollout.candidates import check_proxy_config
 
         cands = check_proxy_config(r.proxy, r.steps)
         runnable = [c for c in cands if gpu.tflops.get(precision_format(c.backend))]

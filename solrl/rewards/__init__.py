@@ -25,7 +25,7 @@ from solrl.rewards.weights import MissingWeightsError
 class Scorer(Protocol):
     """A reward. A scorer may also give evaluation metrics of its own: a method
     `score_with_metrics(images, prompts, seeds_per_prompt) -> (scores float64 [N], {field: value})`, which held-out
-    evaluation (solrl.evaluate) calls instead of the scorer when it has one (the shapes bed's exact reward does)."""
+    evaluation (solrl.engine.evaluate) calls instead of the scorer when it has one (the shapes bed's exact reward does)."""
 
     name: str
 

@@ -1,7 +1,7 @@
 """The bed's evaluation metrics: caption forms, per-attribute accuracies, the reward by form, relation order, what
 RL has to rank within each prompt's seeds, and the form-stratified evaluation prompts.
 
-`solrl.evaluate` does not know them: it asks a scorer for its metrics (`ShapesReward.score_with_metrics`, which
+`solrl.engine.evaluate` does not know them: it asks a scorer for its metrics (`ShapesReward.score_with_metrics`, which
 calls `reward_metrics` here) and a prompt set for its evaluation subset (`eval_prompts`, registered in
 `solrl.prompts`).
 """
@@ -41,7 +41,7 @@ def relation_order(detail: list[dict[str, float]], prompts: list[str]) -> tuple[
 def group_stats(totals: np.ndarray, flat_prompts: list[str], seeds_per_prompt: int) -> dict[str, dict[str, float]]:
     """What RL has to rank within each prompt's group of seeds, per caption form: the share of prompts with at least
     one exactly right seed, the mean population std of a group's rewards, and the mean of (best - mean) over groups.
-    `totals` holds each prompt's seeds consecutively, as `solrl.evaluate.evaluate` samples them."""
+    `totals` holds each prompt's seeds consecutively, as `solrl.engine.evaluate.evaluate` samples them."""
     groups = np.asarray(totals, dtype=np.float64).reshape(-1, seeds_per_prompt)
     forms: dict[str, list[int]] = {}
     for i in range(len(groups)):

@@ -106,7 +106,7 @@ def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
     the curve that tells whether pretraining is teaching shapes, not just lowering the loss. Sampled on
     the CPU (a copy when the model trains elsewhere), as the rollouts that use the bundled model are, unless
     `track_on_device` (the sampling state stays on the CPU; the forwards run where the model trains)."""
-    from solrl.evaluate import evaluate, summary_metrics
+    from solrl.engine.evaluate import evaluate, summary_metrics
     from solrl.rollout import SamplerSpec
     from solrl.shapes.metrics import eval_prompts
 

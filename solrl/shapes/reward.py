@@ -115,7 +115,7 @@ class ShapesReward:
     def score_with_metrics(self, images: np.ndarray, prompts: list[str],
                            seeds_per_prompt: int = 1) -> tuple[np.ndarray, dict[str, Any]]:
         """The totals (float64) and the bed's evaluation metrics on them (`solrl.shapes.metrics.reward_metrics`): what
-        `solrl.evaluate` asks a scorer for. `seeds_per_prompt`: consecutive images that are one prompt's seeds."""
+        `solrl.engine.evaluate` asks a scorer for. `seeds_per_prompt`: consecutive images that are one prompt's seeds."""
         detail = self.score_detailed(images, prompts)
         totals = np.array([d["total"] for d in detail])
         return totals, reward_metrics(detail, totals, images, prompts, seeds_per_prompt)

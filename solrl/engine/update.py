@@ -10,7 +10,6 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
-from solrl import ddp
 from solrl.adapters import LoraAdapters
 from solrl.algo import (
     NFTConfig,
@@ -23,9 +22,15 @@ from solrl.algo import (
     timestep_indices,
 )
 from solrl.config import ConfigError, RunConfig, TrainConfig
+from solrl.engine import data_parallel as ddp
 from solrl.models.base import Cond, T2IModel, compute_device
 from solrl.precision.base import allow_tf32
+from solrl.registry import load_entry
 from solrl.sampling import SDEStep, flow_sigmas, sde_step_with_logprob
+
+# The planner's memory model, which sits above the engine (it plans the engine's roles): named, not imported, as the
+# registries name what sits above the core (solrl/registry.py, docs/architecture.md)
+MEMORY_MODEL = ("solrl.deploy.memory:trainer_fits_without_checkpointing", "solrl.deploy.recipe:PlanError")
 
 
 def use_gradient_checkpointing(setting: str, model: T2IModel, run: RunConfig | None = None) -> bool:
@@ -33,7 +38,7 @@ def use_gradient_checkpointing(setting: str, model: T2IModel, run: RunConfig | N
     "true" / "false": as said. "auto": off for the shapes model and on the CPU, where activations are small and the
     recompute would only cost time; for a real model (a diffusers pipeline: SANA, SD3.5, FLUX, Wan2.2) on CUDA, on
     where the planner's memory model says this trainer process (`run`'s, on this GPU's memory, with this many
-    ranks) does not fit without it (solrl.plan.trainer_fits_without_checkpointing), and on wherever that cannot be
+    ranks) does not fit without it (solrl.deploy.memory.trainer_fits_without_checkpointing), and on wherever that cannot be
     told (no run given, a model the planner has no architecture for)."""
     if setting not in ("auto", "true", "false"):
         raise ValueError(f"train.gradient_checkpointing must be auto, true or false, got {setting!r}")
@@ -47,13 +52,12 @@ def use_gradient_checkpointing(setting: str, model: T2IModel, run: RunConfig | N
         return False
     if run is None:
         return True
-    from solrl.deploy import memory as plan
-
+    fits, plan_error = (load_entry(ref) for ref in MEMORY_MODEL)
     hbm_gb = torch.cuda.get_device_properties(device).total_memory / 1e9
     ranks = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
     try:
-        return not plan.trainer_fits_without_checkpointing(run, hbm_gb, ranks)
-    except plan.PlanError:
+        return not fits(run, hbm_gb, ranks)
+    except plan_error:
         return True
 
 
@@ -117,7 +121,7 @@ class NFTTrainer:
         self.ddp: torch.nn.Module | None = None
 
     def data_parallel(self, ranks: ddp.Ranks) -> None:
-        """Train this rank's share of every optimizer step, gradients summed over the ranks (solrl/ddp.py)."""
+        """Train this rank's share of every optimizer step, gradients summed over the ranks (solrl/engine/data_parallel.py)."""
         if ranks.parallel:
             self.ranks = ranks
             self.ddp = ddp.wrap(self.model, [p for name in self.adapters.ADAPTERS

@@ -1,11 +1,10 @@
-"""The embedded two-stage loop: sync -> explore -> select -> regenerate -> advantages -> update -> decay.
+"""The session: everything built from a config, and one epoch of the two-stage loop on it: sync -> explore ->
+select -> regenerate -> advantages -> update -> decay (the embedded loop, solrl/engine/loop.py, runs the epochs;
+the queue-driven one, solrl/engine/queue_loop.py, takes the rollouts from the services instead).
 
 All randomness of epoch e is derived from (run seed, e), so a run is reproducible and a resumed run
-continues the same trajectory. Modes (the paper's baselines, docs/method.md, as presets of the same code):
-  sol_rl         n seeds explored in low precision at few steps, k kept, regenerated in BF16 at full steps
-  diffusion_nft  k seeds sampled in BF16 at full steps (no exploration)
-  naive_scaling  all n seeds sampled in BF16 at full steps, k selected by their BF16 rewards
-  naive_quant    all n seeds sampled in low precision at full steps, k selected, trained on directly
+continues the same trajectory. What an epoch explores, keeps and regenerates is the rollout mode's strategy
+(solrl/rollout/strategies.py: sol_rl and the paper's baselines, docs/method.md, as presets of the same code).
 train.algo=flow_grpo samples the trained rollouts (regeneration, or the BF16 sampling of the one-stage modes)
 with the SDE and records their trajectories and log-probs; exploration stays on the ODE solver.
 """
@@ -22,31 +21,23 @@ from typing import Any
 import numpy as np
 import torch
 from torch.profiler import record_function
-from tqdm import tqdm
 
-from solrl import ddp
-from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter
+from solrl.adapters import LoraAdapters, LoraSpec
 from solrl.algo import prompt_kendall_taus, select
-from solrl.checkpoint import (
-    latest_checkpoint,
-    load_adapters,
-    load_checkpoint,
-    load_rollout_adapter,
-    save_checkpoint,
-    saved_epochs,
-)
 from solrl.config import ConfigError, RunConfig, apply_overrides
-from solrl.evaluate import eval_metrics, eval_prompt_set, eval_scorer, evaluate
+from solrl.engine import data_parallel as ddp
+from solrl.engine.checkpoint import latest_checkpoint, load_adapters, load_rollout_adapter, saved_epochs
+from solrl.engine.evaluate import eval_prompt_set, eval_scorer, evaluate
+from solrl.engine.update import Batch, NFTTrainer, build_trainer
 from solrl.models import load_model
 from solrl.models.base import T2IModel
 from solrl.precision import build_backend
 from solrl.prompts import PromptSetError, load_prompt_set, prompt_sampler
 from solrl.rewards import build_reward
 from solrl.rollout import PromptCache, SamplerSpec, explore, regenerate
+from solrl.rollout.strategies import KEEP_BY_BF16, RolloutStrategy, strategy
 from solrl.rollout.workers import InferenceCopy
-from solrl.telemetry import MetricsWriter, plot_reward_curve, read_metrics, save_png
-from solrl.telemetry.machine import describe_machine
-from solrl.trainer import Batch, NFTTrainer, build_trainer
+from solrl.telemetry import read_metrics
 
 
 def epoch_rng(seed: int, epoch: int, stream: int) -> tuple[np.random.Generator, torch.Generator]:
@@ -106,7 +97,7 @@ class Session:
         trainer = build_trainer(model, adapters, cfg, sampler.shift, sampler.guidance)
         explorer = None
         auto = cfg.rollout.explore_precision.backend == "auto"
-        if local_explorer and cfg.rollout.mode in ("sol_rl", "naive_quant") and not auto:
+        if local_explorer and strategy(cfg.rollout.mode).explores and not auto:
             explorer = InferenceCopy(adapters, cfg.rollout.explore_precision, spec.quant_skip, spec.quant_min_features)
         try:  # read once; a bad eval set fails now, not after epoch 1
             prompts = load_prompt_set(cfg.prompts.train)
@@ -123,10 +114,10 @@ class Session:
     def setup_proxy(self, run_dir: Path, start: int, log=print) -> dict[str, Any]:
         """With backend "auto": calibrate (or, on resume, read the calibrations and the controller's state back)
         and build the explorer of the current candidate. Returns the fields for the epoch-0 record."""
-        from solrl.proxy import ProxyController, calibrate
+        from solrl.engine.proxy import ProxyController, calibrate
 
         r = self.cfg.rollout
-        if r.explore_precision.backend != "auto" or r.mode not in ("sol_rl", "naive_quant"):
+        if r.explore_precision.backend != "auto" or not self.strategy.explores:
             return {}
         path = run_dir / "calibration.json"
         p = r.proxy
@@ -152,7 +143,7 @@ class Session:
     def _build_explorer(self) -> None:
         from solrl.models.base import compute_device
         from solrl.precision.policy import policy_config
-        from solrl.proxy import parse_candidate
+        from solrl.rollout.candidates import parse_candidate
 
         if not self.local_explorer:
             return  # the explorer services build it when a job names the proxy
@@ -167,22 +158,26 @@ class Session:
             return SamplerSpec("sde", self.sampler.shift, self.sampler.guidance, self.cfg.rollout.sde_eta)
         return self.sampler
 
-    def explore_steps(self) -> int:
-        r = self.cfg.rollout
-        if r.mode == "naive_quant":
-            return r.steps
-        if self.proxy is not None:
-            from solrl.proxy import parse_candidate
+    @property
+    def strategy(self) -> RolloutStrategy:
+        """What this run's epochs explore, keep and regenerate (rollout.mode)."""
+        return strategy(self.cfg.rollout.mode)
 
-            return parse_candidate(self.proxy.current).steps
-        return r.explore_steps
+    def explore_steps(self) -> int:
+        """The low-precision pass's steps: the strategy's, or the adaptive proxy's current candidate's."""
+        proxy_steps = None
+        if self.proxy is not None:
+            from solrl.rollout.candidates import parse_candidate
+
+            proxy_steps = parse_candidate(self.proxy.current).steps
+        return self.strategy.explore_steps(self.cfg.rollout, proxy_steps)
 
     def after_epoch(self, done: int, rec: dict[str, Any], run_dir: Path, log=print) -> None:
         """The proxy's decisions after an epoch: a switch when the kept-seed tau stayed below the target, or a
         new calibration every `rollout.proxy.every` epochs. Recorded in `rec` (metrics.jsonl)."""
         if self.proxy is None:
             return
-        from solrl.proxy import ProxyController, calibrate
+        from solrl.engine.proxy import ProxyController, calibrate
 
         p = self.cfg.rollout.proxy
         decision = self.proxy.observe(done, rec.get("proxy_kendall_tau", float("nan")))
@@ -280,12 +275,12 @@ class Session:
         """One epoch's rollouts with the "old" adapter as it is (`epoch` wraps this in `sampling_adapter`): the
         prompts and seed pools drawn from the epoch's `rng`, sync, explore, select, regenerate. Returns (x0, rewards,
         prompts, groups, trajectories, log-probs) of the trained samples; the stage metrics go into `rec`."""
-        r = self.cfg.rollout
+        r, s = self.cfg.rollout, self.strategy
         prompts = self.prompt_sampler(rng, r.prompts_per_epoch)
         # diffusion_nft trains k seeds a prompt, the first k of the pool the other modes draw when its pool is set
         # larger (rollout.pool > kept): a run seed then gives every mode the same prompts and initial noise
         # (`solrl bench selection` pairs its arms so); with pool <= kept it draws k seeds, as before
-        pool = r.kept if r.mode == "diffusion_nft" else r.pool
+        pool = s.pool(r)
         seeds = rng.integers(0, 2**31 - 1, size=(len(prompts), max(r.pool, pool))).tolist()
         seeds = [row[:pool] for row in seeds]
         on_stage("sync")
@@ -295,7 +290,7 @@ class Session:
 
         t0 = time.perf_counter()
         ex = None
-        if r.mode in ("sol_rl", "naive_quant"):
+        if s.explores:
             on_stage("explore")
             steps = self.explore_steps()
             if self.proxy is not None:
@@ -308,8 +303,8 @@ class Session:
         rec["time_explore_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        on_stage("regenerate" if r.mode != "naive_quant" else "select")
-        if r.mode == "naive_quant":
+        on_stage("regenerate" if s.samples_bf16 else "select")
+        if not s.samples_bf16:  # naive_quant: the kept low-precision samples are trained on as they are
             kept_flat = [p * pool + i for p, idx in enumerate(ex.kept) for i in idx]
             data_x0 = ex.generated.x0[kept_flat]
             data_r = ex.scores.reshape(-1)[kept_flat]
@@ -317,12 +312,12 @@ class Session:
             group = [j // pool for j in kept_flat]
             rec["forwards_regenerate"] = 0
         else:
-            regen_seeds = ex.kept_seeds() if ex is not None else seeds
+            regen_seeds = ex.kept_seeds() if s.regenerates else seeds
             with self.adapters.use("old"), record_function("solrl.regenerate"):
                 rg = regenerate(self.model, self.model.transformer, prompts, regen_seeds, r.steps,
                                 self.rollout_sampler(), self.scorer, mb, self.cache)
             rec["forwards_regenerate"] = rg.forwards
-            if r.mode == "naive_scaling":
+            if s.keeps == KEEP_BY_BF16:
                 rs = rg.rewards.reshape(len(prompts), pool)
                 kept = [select(torch.from_numpy(rs[p]), r.kept, r.selection, generator=tgen)
                         for p in range(len(prompts))]
@@ -334,14 +329,14 @@ class Session:
             if rg.trajectory is not None:  # flow_grpo: the SDE trajectories and their log-probs
                 data_traj, data_lp = rg.trajectory[flat], rg.log_probs[flat]
             data_p, group = [rg.prompts[j] for j in flat], [rg.group[j] for j in flat]
-            if r.mode == "sol_rl":
+            if s.regenerates:  # the kept seeds have both a proxy and a BF16 reward
                 kept_proxy = np.stack([ex.scores[p][idx] for p, idx in enumerate(ex.kept)])
                 rec.update(proxy_agreement(kept_proxy, rg.rewards.reshape(len(prompts), r.kept)))
         rec["time_regenerate_s"] = time.perf_counter() - t0
         rec["rollout.reward_mean"] = float(np.mean(data_r))
         rec["rollout.reward_std"] = float(np.std(data_r))
         by_prompt = np.asarray(data_r).reshape(len(prompts), -1)  # [P, k] trained rewards
-        if r.mode != "diffusion_nft":
+        if s.selects:
             rec.update(selection_contrast(by_prompt, r.selection))
         rec.update(trained_spread(by_prompt))
         rec["forwards_rollout_total"] = rec.get("forwards_explore", 0) + rec["forwards_regenerate"]
@@ -409,90 +404,6 @@ def proxy_agreement(proxy: np.ndarray, bf16_rewards: np.ndarray) -> dict[str, fl
             "proxy_kendall_tau": float(np.mean(taus)) if taus else float("nan")}
 
 
-def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
-          log=print, ranks: ddp.Ranks = ddp.SINGLE) -> dict[str, Any]:
-    """Run (or resume) a training run in `run_dir`. Returns the summary also written to summary.json.
-    `ranks`: under torchrun (solrl/ddp.py), rank 0 runs all of this; the other ranks only train, and return {}."""
-    ddp.check_ranks(cfg, ranks.world)
-    if ranks.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    start = 0
-    sess = Session.build(cfg, local_explorer=ranks.is_main)  # ranks > 0 sample nothing: no explorer copy
-    if resume:
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}")
-        state = load_checkpoint(ckpt, sess.adapters, sess.trainer.opt)
-        start, sess.trainer.global_step, sess.version = state["epoch"], state["global_step"], state["adapter_version"]
-        sess.resume_rollout_adapter(ckpt, log)
-        log(f"resuming {run_dir} after epoch {start}")
-    sess.trainer.data_parallel(ranks)
-    if not ranks.is_main:
-        for e in range(start, cfg.epochs):
-            sess.follow(e)
-        return {}
-    cfg.save(run_dir / "config.json")
-    writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else None,
-                           wandb=cfg.wandb, wandb_run={"project": cfg.wandb_project, "name": run_dir.name,
-                                                       "config": cfg.to_dict()})
-    (run_dir / "eval").mkdir(exist_ok=True)
-    t_run = time.perf_counter()
-    proxy_fields = sess.setup_proxy(run_dir, start, log)
-    if start == 0:
-        t0 = time.perf_counter()
-        base_eval, grids = sess.evaluate()
-        _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
-        writer.write({"epoch": 0, **eval_metrics(base_eval), "adapter_version": 0, **proxy_fields,
-                      "time_eval_s": time.perf_counter() - t0})
-        log(f"held-out reward before training (EMA = base): {base_eval['mean_reward']:.4f}")
-    bar = tqdm(range(start, cfg.epochs), desc=cfg.name, disable=not progress, unit="epoch")
-    for e in bar:
-        rec = sess.epoch(e, on_stage=lambda st, e=e: bar.set_description(f"{cfg.name} epoch {e + 1} {st}"))
-        done = e + 1
-        if cfg.eval.every and done % cfg.eval.every == 0 or done == cfg.epochs:
-            bar.set_description(f"{cfg.name} epoch {done} eval")
-            t0 = time.perf_counter()
-            ev, grids = sess.evaluate()
-            _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
-            rec.update({**eval_metrics(ev), "time_eval_s": time.perf_counter() - t0})
-        sess.after_epoch(done, rec, run_dir, log)
-        writer.write(rec)
-        if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):
-            save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version,
-                            rollout_adapter=sess.rollout_old)
-        bar.set_postfix(reward=f"{rec['rollout.reward_mean']:.3f}", loss=f"{rec.get('train.loss', 0):.4f}")
-    writer.close()
-    records = read_metrics(run_dir / "metrics.jsonl")
-    plot_reward_curve(records, run_dir / "reward_curve.png", title=f"{cfg.name} ({cfg.rollout.mode})")
-    (run_dir / "adapter_ema.safetensors").write_bytes(
-        encode_adapter(sess.adapters.state_dict("ema"), sess.version, sess.adapters.spec))
-    evals = [r for r in records if "eval.mean_reward" in r]
-    summary = {
-        "name": cfg.name, "mode": cfg.rollout.mode, "epochs": cfg.epochs,
-        "eval_before": evals[0]["eval.mean_reward"] if evals else None,
-        "eval_after": evals[-1]["eval.mean_reward"] if evals else None,
-        "wall_time_s": round(time.perf_counter() - t_run, 1),
-        "mean_epoch_times_s": {k: float(np.mean([r[k] for r in records if k in r]))
-                               for k in ("time_sync_s", "time_explore_s", "time_regenerate_s", "time_train_s",
-                                         "time_epoch_s") if any(k in r for r in records)},
-        "forwards_per_epoch": {k: int(np.mean([r[k] for r in records if k in r]))
-                               for k in ("forwards_explore", "forwards_regenerate", "forwards_rollout_total")
-                               if any(k in r for r in records)},
-        "explorer_weight_bytes": sess.explorer.weight_bytes() if sess.explorer else None,
-        "machine": describe_machine(),
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
-
-
-def _save_eval(out: Path, ev: dict[str, Any], grids: dict[int, np.ndarray], writer: MetricsWriter, step: int) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(ev, indent=2) + "\n")
-    for n, g in grids.items():
-        save_png(g, out / f"grid_{n}steps.png")
-        writer.add_image(f"eval/grid_{n}steps", g, step)
-
-
 def load_run_for_eval(run_dir: Path, epoch: int | None = None, overrides: list[str] | None = None) -> Session:
     """A session with the run's config and the adapters of its checkpoint after `epoch` (default: the
     latest; 0: the untrained adapters, i.e. the base model), for `solrl eval`. `overrides` change the
@@ -519,4 +430,4 @@ def load_run_for_eval(run_dir: Path, epoch: int | None = None, overrides: list[s
     return sess
 
 
-__all__ = ["Session", "train", "epoch_rng", "load_run_for_eval", "describe_machine", "proxy_agreement"]
+__all__ = ["Session", "epoch_rng", "load_run_for_eval", "proxy_agreement", "selection_contrast", "trained_spread"]

@@ -26,17 +26,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from solrl import ddp
 from solrl.adapters import encode_adapter
 from solrl.adapters.wire import sha256_hex
-from solrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from solrl.config import RunConfig
-from solrl.evaluate import eval_metrics
-from solrl.loop import Session, _save_eval, epoch_rng, proxy_agreement, selection_contrast, trained_spread
+from solrl.engine import data_parallel as ddp
+from solrl.engine.run import resume_session, run_epochs
+from solrl.engine.session import Session, epoch_rng, proxy_agreement, selection_contrast, trained_spread
+from solrl.engine.update import Batch
 from solrl.queue import Queue
-from solrl.telemetry import MetricsWriter
-from solrl.trainer import Batch
+from solrl.rollout.strategies import STRATEGIES
 
+# the modes the services' explorer -> regenerator pipeline runs (rollout strategies with runs_on_services)
+SERVICE_MODES = tuple(name for name, s in STRATEGIES.items() if s.runs_on_services)
 STREAM_EXPLORE, STREAM_REGENERATE, STREAM_ROLLOUTS = "explore", "regenerate", "rollouts"
 GROUP_EXPLORERS, GROUP_REGENERATORS, GROUP_TRAINER = "explorers", "regenerators", "trainer"
 PIPELINE = ((STREAM_EXPLORE, GROUP_EXPLORERS), (STREAM_REGENERATE, GROUP_REGENERATORS),
@@ -117,8 +118,9 @@ class RemoteSession:
 
     def __init__(self, sess: Session, queue: Queue, push_adapter: PushAdapter, *, run_id: str,
                  rollout_timeout_s: float = 600.0, block_ms: int = 500, pickup_timeout_s: float | None = 120.0) -> None:
-        if sess.cfg.rollout.mode != "sol_rl":
-            raise ValueError(f"rollout.mode must be 'sol_rl' for the distributed loop, got {sess.cfg.rollout.mode!r}")
+        if not sess.strategy.runs_on_services:
+            raise ValueError(f"rollout.mode must be one the services run ({', '.join(SERVICE_MODES)}) for the "
+                             f"distributed loop, got {sess.cfg.rollout.mode!r}")
         if not isinstance(queue, Queue):
             raise TypeError(f"queue must be a solrl.queue.Queue, got {type(queue).__name__}")
         if not callable(push_adapter):
@@ -178,7 +180,7 @@ class RemoteSession:
         published: dict[str, str] = {}
         cand = None  # the adaptive proxy: the explorers are told which precision and policy to sample with
         if sess.proxy is not None:
-            from solrl.proxy import parse_candidate
+            from solrl.rollout.candidates import parse_candidate
 
             cand = parse_candidate(sess.proxy.current)
         for job_id, p in jobs.items():
@@ -340,9 +342,9 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
                     on_record: Callable[[dict[str, Any]], None] = lambda rec: None,
                     ranks: ddp.Ranks = ddp.SINGLE) -> dict[str, Any]:
     """Train `cfg` for cfg.epochs with rollouts from the queue; writes config.json, metrics.jsonl,
-    eval/ and checkpoints/ to `run_dir` as the embedded `solrl.loop.train` does.
+    eval/ and checkpoints/ to `run_dir` as the embedded `solrl.engine.loop.train` does.
     `ranks`: rank 0 of a torchrun launch (the trainer service under torchrun): each epoch's batch goes to the other
-    ranks, which follow as in the embedded loop (solrl.loop.train with ranks > 0), and every rank trains its share.
+    ranks, which follow as in the embedded loop (solrl.engine.loop.train with ranks > 0), and every rank trains its share.
     `on_session` receives the RemoteSession once built (the trainer service reads its status); `on_record` each
     metrics.jsonl record as it is written (the trainer service's Prometheus gauges).
 
@@ -355,19 +357,14 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
     adapter it re-pushes is the one the rollout services already hold (accepted as a no-op), as long
     as checkpoint_every is 1; otherwise restart the rollout services too."""
     if not ranks.is_main:
-        raise ValueError(f"run_distributed runs on rank 0; rank {ranks.rank} follows (solrl.loop.train)")
+        raise ValueError(f"run_distributed runs on rank 0; rank {ranks.rank} follows (solrl.engine.loop.train)")
     ddp.check_ranks(cfg, ranks.world)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     start, attempt_id = 0, f"{run_id}-a{uuid.uuid4().hex[:8]}"
     sess = Session.build(cfg, local_explorer=False)
     if resume:
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is None:
-            raise FileNotFoundError(f"resume: no checkpoint in {run_dir / 'checkpoints'}")
-        state = load_checkpoint(ckpt, sess.adapters, sess.trainer.opt)
-        start, sess.trainer.global_step, sess.version = state["epoch"], state["global_step"], state["adapter_version"]
-        sess.resume_rollout_adapter(ckpt, log)
+        start = resume_session(sess, run_dir, "resume", log)
         attempt_id = f"{run_id}-r{uuid.uuid4().hex[:8]}"
         log(f"resuming {run_dir} after epoch {start} (adapter version {sess.version}); jobs {attempt_id}-*")
     sess.trainer.data_parallel(ranks)
@@ -379,44 +376,22 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
     on_session(remote)
     st = remote.status
     base_eval: dict[str, Any] | None = None
-    try:
-        cfg.save(run_dir / "config.json")
-        writer = MetricsWriter(run_dir, cfg.tensorboard, truncate_after_epoch=start if resume else -1,
-                               wandb=cfg.wandb, wandb_run={"project": cfg.wandb_project, "name": run_dir.name,
-                                                           "config": cfg.to_dict()})
-        (run_dir / "eval").mkdir(exist_ok=True)
-        proxy_fields = sess.setup_proxy(run_dir, start, log)  # the adaptive proxy calibrates on this device
-        if start == 0:
-            st.state = "evaluating"
-            t0 = time.perf_counter()
-            base_eval, grids = sess.evaluate()
-            _save_eval(run_dir / "eval" / "epoch_0000", base_eval, grids, writer, 0)
-            rec0 = {"epoch": 0, **eval_metrics(base_eval), "adapter_version": 0,
-                    "time_eval_s": time.perf_counter() - t0, **proxy_fields}
-            writer.write(rec0)
-            on_record(rec0)
-        for e in range(start, cfg.epochs):
-            st.state = "running"
-            rec = remote.epoch(e)
-            done = e + 1
-            if cfg.eval.every and done % cfg.eval.every == 0 or done == cfg.epochs:
-                st.state = "evaluating"
-                t0 = time.perf_counter()
-                ev, grids = sess.evaluate()
-                _save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
-                rec.update({**eval_metrics(ev), "time_eval_s": time.perf_counter() - t0})
-            sess.after_epoch(done, rec, run_dir, log)
-            writer.write(rec)
-            on_record(rec)
+
+    def set_state(state: str, epoch: int) -> None:
+        st.state = state
+
+    def written(rec: dict[str, Any]) -> None:
+        on_record(rec)
+        if rec["epoch"]:
             st.history.append(rec)
-            if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):
-                save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version,
-                                rollout_adapter=sess.rollout_old)
-            log(f"epoch {done}/{cfg.epochs}: reward {rec['rollout.reward_mean']:.4f}, "
-                f"loss {rec.get('train.loss', float('nan')):.4f}, {rec['time_epoch_s']:.1f} s")
-        writer.close()
-        (run_dir / "adapter_ema.safetensors").write_bytes(
-            encode_adapter(sess.adapters.state_dict("ema"), sess.version, sess.adapters.spec))
+
+    def done(rec: dict[str, Any]) -> None:
+        log(f"epoch {rec['epoch']}/{cfg.epochs}: reward {rec['rollout.reward_mean']:.4f}, "
+            f"loss {rec.get('train.loss', float('nan')):.4f}, {rec['time_epoch_s']:.1f} s")
+
+    try:
+        base_eval = run_epochs(sess, run_dir, start, remote.epoch, resume=resume, log=log, fresh_truncate=-1,
+                               on_state=set_state, on_record=written, after_epoch=done)
     except BaseException as exc:
         st.state, st.error = "failed", f"{type(exc).__name__}: {exc}"
         raise
