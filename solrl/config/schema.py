@@ -15,6 +15,9 @@ from typing import Any
 from solrl.precision import PrecisionConfig
 from solrl.prompts import takes_relation_share
 
+# rollout.mode: the rollout strategies' names (solrl.rollout.strategies.MODES, which validate() checks against), written
+# out here because the presets are built from them on import and importing solrl.rollout loads torch
+# (tests/test_strategies.py checks the two agree)
 MODES = ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant")
 SELECTIONS = ("best_worst", "random", "mean_deviation", "extremes_random")
 SOLVERS = ("euler", "dpm2")
@@ -198,13 +201,16 @@ class RunConfig:
                      "prompt_cache_entries"):
             if getattr(r, name) <= 0:
                 raise ConfigError(f"rollout.{name} must be positive, got {getattr(r, name)}")
-        if r.mode not in MODES:
-            raise ConfigError(f"rollout.mode must be one of {MODES}, got {r.mode!r}")
+        from solrl.rollout import strategies  # here: solrl.rollout loads torch, which importing the config must not
+
+        if r.mode not in strategies.MODES:
+            raise ConfigError(f"rollout.mode must be one of {strategies.MODES}, got {r.mode!r}")
+        s = strategies.strategy(r.mode)
         if r.selection not in SELECTIONS:
             raise ConfigError(f"rollout.selection must be one of {SELECTIONS}, got {r.selection!r}")
-        if r.mode != "diffusion_nft" and r.kept > r.pool:
+        if s.selects and r.kept > r.pool:
             raise ConfigError(f"rollout.kept (k={r.kept}) must not exceed rollout.pool (n={r.pool})")
-        if r.mode != "diffusion_nft" and r.selection == "best_worst" and r.kept % 2:
+        if s.selects and r.selection == "best_worst" and r.kept % 2:
             raise ConfigError(f"rollout.kept must be even for best_worst selection, got {r.kept}")
         if self.sampler.solver and self.sampler.solver not in SOLVERS:
             raise ConfigError(f"sampler.solver must be one of {SOLVERS} or empty, got {self.sampler.solver!r}")
@@ -272,7 +278,9 @@ class RunConfig:
             raise ConfigError("train.algo=flow_grpo needs the log-prob of every step of the trained rollouts, which the "
                               "deterministic ODE sampler (rollout.sde_eta=0) does not have: set rollout.sde_eta > 0 "
                               "(the SDE's noise level; flow_grpo uses 0.7), or use a *-flow-grpo preset")
-        if r.mode == "naive_quant":
+        from solrl.rollout import strategies
+
+        if strategies.strategy(r.mode).trains_on == strategies.LOW:
             raise ConfigError("train.algo=flow_grpo cannot train on the low-precision explorer's samples "
                               "(rollout.mode=naive_quant): its log-probs must be the BF16 policy's; use sol_rl, "
                               "diffusion_nft or naive_scaling")

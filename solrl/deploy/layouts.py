@@ -75,10 +75,14 @@ def placement(p: Plan) -> dict[str, Any]:
 
 
 def check_mode(p: Plan) -> None:
-    """The services run the two-stage mode only (solrl/distributed.py): a plan of another has no deployment file."""
-    if p.recipe.mode != "sol_rl":
+    """The services run the modes whose strategy runs on them (the two-stage mode; solrl/engine/queue_loop.py): a plan
+    of another has no deployment file."""
+    from solrl.rollout.strategies import STRATEGIES, strategy
+
+    if not strategy(p.recipe.mode).runs_on_services:
+        on = " or ".join(repr(n) for n, s in STRATEGIES.items() if s.runs_on_services)
         raise PlanError(f"rollout.mode={p.recipe.mode!r}: the services (and so the compose and kustomize files) run "
-                        f"rollout.mode='sol_rl' only; plan the embedded loop's layout without --emit")
+                        f"rollout.mode={on} only; plan the embedded loop's layout without --emit")
 
 
 def compose(p: Plan, sets: list[str]) -> str:

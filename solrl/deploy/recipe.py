@@ -65,8 +65,10 @@ def recipe_from_config(cfg: RunConfig, preset: str, gpu: Gpu) -> tuple[Recipe, A
     """The epoch's recipe and the explorer's PrecisionConfig (for the quantized share)."""
     from solrl.algo.nft import timestep_count
     from solrl.engine import data_parallel as ddp
+    from solrl.rollout.strategies import strategy
 
     r, notes = cfg.rollout, []
+    s = strategy(r.mode)
     explore_pc, explore_steps = r.explore_precision, r.explore_steps
     if r.explore_precision.backend == "auto":
         from solrl.rollout.candidates import check_proxy_config
@@ -95,10 +97,9 @@ def recipe_from_config(cfg: RunConfig, preset: str, gpu: Gpu) -> tuple[Recipe, A
         notes.append(f"regenerator precision {r.precision.backend!r}: planned at BF16 speed")
     if cfg.model.name == "flux1-dev" and cfg.sampler.guidance == 1.0:
         notes.append("FLUX.1-dev: guidance is distilled into the model (an input), one forward per step")
-    explored = r.pool if r.mode in ("sol_rl", "naive_quant") else 0
-    regenerated = {"sol_rl": r.kept, "naive_scaling": r.pool, "diffusion_nft": r.kept}.get(r.mode, 0)
-    if r.mode == "naive_quant":
-        explore_steps = r.steps
+    explored, regenerated = s.explored(r), s.bf16_sampled(r)
+    if s.explores:  # the proxy's candidate's steps, or full steps for a mode that explores at full steps
+        explore_steps = s.explore_steps(r, explore_steps)
     ev = cfg.eval
     recipe = Recipe(
         preset=preset, model=cfg.model.name, mode=r.mode, prompts=r.prompts_per_epoch, explored=explored,
