@@ -1,6 +1,6 @@
 """The hardware table: each GPU kind's dense peak per format and memory, and what a format costs relative to BF16.
 
-One table, read by the planner (solrl/deploy/), the adaptive proxy's device cost model (solrl/proxy.py), the
+One table, read by the planner (solrl/deploy/), the adaptive proxy's device cost model (solrl/rollout/candidates.py), the
 benchmarks' cost axis (solrl/bench/curve.py: the B200 bound) and the GPU check (solrl/gpu_check.py). A leaf: it
 imports nothing of solrl, so every layer may read it.
 """

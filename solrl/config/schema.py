@@ -67,7 +67,7 @@ class SamplerConfig:
 
 @dataclass
 class ProxyConfig:
-    """The adaptive proxy (solrl/proxy.py), used when rollout.explore_precision.backend is "auto": at the start
+    """The adaptive proxy (solrl/engine/proxy.py), used when rollout.explore_precision.backend is "auto": at the start
     of a run, measure each candidate proxy (FORMAT@EXPLORE_STEPS[/POLICY]) against BF16 at full steps on
     `prompts` x `seeds` and explore with the cheapest whose mean Kendall tau reaches `target` under the
     `device` cost model (b200: FP4 1/4, FP8 1/2 of a BF16 forward; h100 / h200: FP8 1/2, no FP4; cpu:
@@ -134,7 +134,7 @@ class TrainConfig:
     old_decay_cap: float = 0.5
     # recompute each transformer block's activations in the backward pass (diffusers'
     # enable_gradient_checkpointing): "auto" = on for a real model on CUDA where the planner's memory model says the trainer
-    # does not fit this GPU without it (solrl.trainer.use_gradient_checkpointing),
+    # does not fit this GPU without it (solrl.engine.update.use_gradient_checkpointing),
     # "true" / "false" = always / never
     gradient_checkpointing: str = "auto"
 

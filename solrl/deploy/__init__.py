@@ -40,7 +40,7 @@ efficiencies calibrated against the paper's timing table (docs/method.md, 8x B20
   each over all N GPUs) or disaggregated (explorers, regenerators and trainer ranks on their own GPUs,
   plus one GPU for the reward service, as docker-compose.yml and k8s/overlays/b200 ship it). Explore and
   regenerate jobs are whole prompts, so a sampling stage on g GPUs takes ceil(prompts / g) prompts' time;
-  the trainer splits every optimizer step's samples among its ranks (solrl/ddp.py), so training on g ranks
+  the trainer splits every optimizer step's samples among its ranks (solrl/engine/data_parallel.py), so training on g ranks
   takes the sum over steps of ceil(step samples / g) samples' time, and at most the fewest samples of any
   step can be ranks (`ddp.max_ranks`, the rule the trainer enforces). Disaggregated, the regenerators take
   each prompt as soon as it is explored (the queue streams them), so the rollout takes the slower of the two

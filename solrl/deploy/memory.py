@@ -22,7 +22,7 @@ ACTIVATION_BYTES_TRAIN = 34
 CHECKPOINT_BYTES = 2
 ACTIVATION_BYTES_SAMPLE = 16
 VAE_DECODE_BYTES = 1024
-# Per parameter of one LoRA adapter, in the trainer (solrl/trainer.py, solrl/adapters/lora.py): three FP32 adapters
+# Per parameter of one LoRA adapter, in the trainer (solrl/engine/update.py, solrl/adapters/lora.py): three FP32 adapters
 # (the trainable "default", the sampling "old" policy DiffusionNFT's loss compares with, the evaluation "ema"), the
 # FP32 gradient and AdamW's two FP32 moments. The reference policy (kl_beta) is the base with adapters disabled: no
 # copy. With more than one rank DDP adds its FP32 gradient buckets and NCCL its buffers (about half a GB per rank:
@@ -165,6 +165,6 @@ def memory_model(facts: ModelFacts, recipe: Recipe) -> MemoryModel:
 def trainer_fits_without_checkpointing(cfg: RunConfig, hbm_gb: float, ranks: int = 1) -> bool:
     """Whether the trainer's process of `cfg`, as MemoryModel counts it, fits a GPU of `hbm_gb` (USABLE_HBM of it)
     without gradient checkpointing, with `ranks` data-parallel ranks: train.gradient_checkpointing=auto's answer
-    (solrl.trainer.use_gradient_checkpointing). PlanError for a model the planner has no architecture for."""
+    (solrl.engine.update.use_gradient_checkpointing). PlanError for a model the planner has no architecture for."""
     recipe, pc = recipe_from_config(cfg, "-", dataclasses.replace(GPUS[REFERENCE_GPU], hbm_gb=hbm_gb))
     return memory_model(_facts(cfg, pc), recipe).role("trainer", ranks) <= hbm_gb * USABLE_HBM

@@ -168,7 +168,7 @@ def make_plan(cfg: RunConfig, preset: str, gpu_kind: str, gpus: int, *, layout: 
     if trainer_ranks is not None and trainer_ranks > most:
         raise PlanError(f"{trainer_ranks} trainer ranks, but an optimizer step can hold as few as {most} samples "
                         f"({recipe.ranks_rule}): every rank trains on at least one sample of every step "
-                        f"(solrl/ddp.py); use at most {most} ranks, fewer optimizer steps or more kept samples")
+                        f"(solrl/engine/data_parallel.py); use at most {most} ranks, fewer optimizer steps or more kept samples")
     if trainer_ranks is not None and trainer_ranks > gpus:
         raise PlanError(f"{trainer_ranks} trainer ranks do not fit on {gpus} GPUs")
     if explorers and not recipe.explored:
