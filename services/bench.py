@@ -48,7 +48,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def _run_up(cfg, sets: list[str], run_dir: Path, ns: str, explorers: int) -> None:
     """The distributed run as `solrl up` processes."""
-    cmd = [sys.executable, "-m", "solrl.up", "--redis-url", REDIS_URL, "--namespace", ns, "--out", str(run_dir),
+    cmd = [sys.executable, "-m", "solrl.deploy.up", "--redis-url", REDIS_URL, "--namespace", ns, "--out", str(run_dir),
            "--threads", "1", "--explorers", str(explorers), *[a for s in sets for a in ("--set", s)]]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     if proc.returncode != 0:
@@ -210,7 +210,7 @@ def _reward_process(reward: str) -> tuple[subprocess.Popen, str]:
     answers /readyz: its own process, so the benchmark's client threads do not share its interpreter."""
     import urllib.request
 
-    from solrl.up import free_port
+    from solrl.deploy.up import free_port
 
     grpc_port, http_port = free_port(), free_port()
     # output to a file, not a pipe: a chatty server never blocks on a full pipe (the child keeps its descriptor)

@@ -230,8 +230,8 @@ def shape(name: str, tiny: bool) -> tuple[int, int]:
     """(latent tokens per side, text tokens) of one sample at the preset's resolution and text length."""
     if tiny:
         return TINY_TOKENS_SIDE, TINY_TEXT
+    from solrl.deploy.flops import PIXELS_PER_TOKEN, text_tokens
     from solrl.models.diffusers_t2i import FAMILIES
-    from solrl.plan import PIXELS_PER_TOKEN, text_tokens
 
     return FAMILIES[name].resolution // PIXELS_PER_TOKEN[name], text_tokens(name)
 
@@ -278,7 +278,7 @@ def explore_precision(name: str, backend: str, tiny: bool):
 
 def is_kernel_backend(name: str) -> bool:
     """Whether registered backend `name` computes FP8 or FP4 with real kernels (not an emulation)."""
-    from solrl.plan import precision_format
+    from solrl.hardware import precision_format
     from solrl.precision import BACKENDS
 
     return (precision_format(name) in ("fp8", "fp4") and BACKENDS[name].emulates is None
@@ -289,7 +289,7 @@ def lowp_backends(device: torch.device) -> list[dict[str, str]]:
     """The low-precision backends to measure: on a GPU every registered backend that runs here and computes FP8 or
     FP4 with real kernels (not an emulation), found through the registry so a new one is picked up; on the CPU
     the emulations standing in for FP8 and NVFP4."""
-    from solrl.plan import precision_format
+    from solrl.hardware import precision_format
     from solrl.precision import PrecisionConfig, available_backends, build_backend, runnable_backends
 
     if device.type != "cuda":
@@ -344,7 +344,9 @@ def plan_numbers(name: str, fmt: str, kind: str) -> dict[str, Any]:
     """`solrl plan`'s estimate of the explorer's forward speed-up over BF16 on GPU `kind` (the preset's policy),
     and the bound where every Linear ran at the format's rate."""
     from solrl.config import get_preset
-    from solrl.plan import GPUS, _facts, recipe_from_config
+    from solrl.deploy.facts import _facts
+    from solrl.deploy.recipe import recipe_from_config
+    from solrl.hardware import GPUS
 
     gpu = GPUS[kind]
     cfg = get_preset(PRESETS[name])
@@ -596,7 +598,8 @@ def update_once(name: str, module: torch.nn.Module, adapters: Any, setup: Setup,
 
 
 def update_section(setup: Setup, budget: Budget, share_s: float, models: tuple[str, ...]) -> dict[str, Any]:
-    from solrl.plan import ACTIVATION_BYTES_TRAIN, CHECKPOINT_BYTES, denoiser_forward
+    from solrl.deploy.flops import denoiser_forward
+    from solrl.deploy.memory import ACTIVATION_BYTES_TRAIN, CHECKPOINT_BYTES
 
     deadline = budget.section(share_s)
     out: dict[str, Any] = {"models": {}}
@@ -691,7 +694,7 @@ def services_section(setup: Setup, budget: Budget, share_s: float, work: Path) -
                 "eval.seeds_per_prompt=1", "eval.every=0", "eval.steps=2", "tensorboard=false", "lora.rank=4",
                 "lora.alpha=8", "epochs=1", f"rollout.precision.backend={base}",
                 f"rollout.explore_precision.backend={explore}", f"model.path={model_dir}", f"model.device={device}"]
-        cmd = [sys.executable, "-m", "solrl.up", "--redis-url", url, "--namespace", ns, "--threads", "1",
+        cmd = [sys.executable, "-m", "solrl.deploy.up", "--redis-url", url, "--namespace", ns, "--threads", "1",
                "--grace-s", "10", "--out", str(work / "run"), *[a for s in sets for a in ("--set", s)]]
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

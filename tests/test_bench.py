@@ -10,7 +10,7 @@ import pytest
 
 from solrl.bench import run_bench
 from solrl.bench.ranking import aggregate, prompt_metrics
-from solrl.cli import main
+from solrl.cli.app import main
 
 
 def test_ranking_metrics_on_known_orders():

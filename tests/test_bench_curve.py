@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from solrl.bench import run_bench
-from solrl.cli import main
+from solrl.cli.app import main
 
 
 @pytest.mark.slow
@@ -52,7 +52,8 @@ def test_curve_small(tmp_path):
 
 
 def test_curve_interval_and_cost_model():
-    from solrl.bench.curve import forward_cost, interval
+    from solrl.bench.curve import interval
+    from solrl.hardware import forward_cost
 
     mean, half = interval([0.5, 0.6, 0.7])
     assert mean == pytest.approx(0.6) and half == pytest.approx(4.302653 * 0.1 / np.sqrt(3), rel=1e-5)

@@ -11,7 +11,7 @@ import pytest
 from scipy import stats
 
 from solrl.bench.selection import paired, seeds_for, verdict
-from solrl.cli import main
+from solrl.cli.app import main
 
 
 def test_selection_small_pairs_its_arms(tmp_path):

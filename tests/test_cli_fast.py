@@ -8,11 +8,12 @@ import sys
 
 import pytest
 
-from solrl.cli import _all_parsers, build_parser, main
+from solrl.cli.app import build_parser, main
+from solrl.cli.common import all_parsers
 
 
 def test_help_does_not_import_torch_or_the_services() -> None:
-    code = ("import sys, solrl.cli; solrl.cli.build_parser().format_help(); "
+    code = ("import sys, solrl.cli.app; solrl.cli.app.build_parser().format_help(); "
             "print(sorted(m for m in ('torch', 'torchao', 'diffusers', 'grpc', 'services') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout.strip()
@@ -27,9 +28,9 @@ ROLE_PORTS = {"reward": 8001, "explorer": 8011, "regenerator": 8021, "trainer": 
 def test_serve_role_help_does_not_import_torch_grpc_or_the_server(role: str) -> None:
     """`solrl serve ROLE --help` builds the role's parser from services.<role>.args alone: no torch, grpc,
     tritonclient, fastapi, and not the role's server module (the role runs only after its options parse)."""
-    code = ("import sys, solrl.cli\n"
+    code = ("import sys, solrl.cli.app\n"
             "try:\n"
-            f"    solrl.cli.main(['serve', {role!r}, '--help'])\n"
+            f"    solrl.cli.app.main(['serve', {role!r}, '--help'])\n"
             "except SystemExit as e:\n"
             "    assert e.code in (0, None), e.code\n"
             f"print('HEAVY', sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
@@ -88,7 +89,7 @@ def test_the_cli_bench_times_every_help_against_importing_torch(tmp_path) -> Non
     """The speed itself is a benchmark figure (`solrl bench cli`, docs/results.md), not a timed test: here, that the
     bench runs every subcommand's help and reports it beside the torch import."""
     from solrl.bench import run_bench
-    from solrl.cli import command_words
+    from solrl.cli.app import command_words
 
     commands = command_words()
     assert commands[0] == () and {("bench",), ("serve", "explorer"), ("dashboard",)} <= set(commands)
@@ -101,7 +102,7 @@ def test_the_cli_bench_times_every_help_against_importing_torch(tmp_path) -> Non
 
 
 def test_every_option_has_help_and_defaults_are_shown(capsys) -> None:
-    for sp in _all_parsers(build_parser()):
+    for sp in all_parsers(build_parser()):
         for action in sp._actions:
             if action.option_strings and "-h" not in action.option_strings:
                 assert action.help, f"{sp.prog} {action.option_strings[0]} has no help"

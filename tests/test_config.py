@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from solrl.cli import main
+from solrl.cli.app import main
 from solrl.config import (
     PRESETS,
     ConfigError,

@@ -257,16 +257,16 @@ def plan_command(path: str) -> list[str]:
 
 @pytest.mark.parametrize("path", GENERATED)
 def test_generated_layouts_are_what_solrl_plan_emits(path, capsys):
-    from solrl.cli import main
+    from solrl.cli.app import main
 
     assert main(plan_command(path)[1:]) == 0
     assert capsys.readouterr().out == (ROOT / path).read_text(), f"{path} differs from its command's output"
 
 
 def _plan(cfg, gpu: str, layout: str):
-    from solrl import plan
+    from solrl.deploy.placement import make_plan
 
-    return plan.make_plan(cfg, "-", gpu, 8, layout=layout)
+    return make_plan(cfg, "-", gpu, 8, layout=layout)
 
 
 def _device_ids(svc: dict) -> list[str]:
@@ -287,7 +287,7 @@ def test_gpu_compose_header_predicts_the_run_its_trainer_starts(name, layout, cu
     """The header's predicted epoch and stage times are the plan of the run the file's trainer resolves from its
     own environment: the preset as it trains now (no KL term, so no reference forward in the train stage), not
     only the output of the command the header names."""
-    from solrl.layouts import _plan_lines
+    from solrl.deploy.layouts import _plan_lines
 
     cfg = _trainer_run_config(compose_services(name))
     assert cfg.train.kl_beta == 0   # the shapes preset: the train stage prices 4 passes, not 5

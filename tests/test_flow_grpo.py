@@ -275,7 +275,7 @@ def test_bad_configs_are_refused_naming_the_key(preset, overrides, message):
 
 
 def test_cli_refuses_flow_grpo_on_the_ode_sampler_before_any_work(tmp_path, capsys):
-    from solrl.cli import main
+    from solrl.cli.app import main
 
     out = tmp_path / "run"
     code = main(["train", "--preset", "shapes-sol-rl", "--set", "train.algo=flow_grpo", "--out", str(out)])

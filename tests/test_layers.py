@@ -77,7 +77,7 @@ def test_a_core_module_importing_the_shapes_bed_breaks_the_layers(copy: Path) ->
 def test_the_core_reaches_the_shapes_bed_only_through_its_registries() -> None:
     """Importing the core loads nothing of solrl.shapes; the registries name the bed and import it when used."""
     core = ("solrl.config", "solrl.prompts", "solrl.models", "solrl.rewards", "solrl.engine.evaluate",
-            "solrl.engine.loop", "solrl.engine.queue_loop", "solrl.plan")
+            "solrl.engine.loop", "solrl.engine.queue_loop", "solrl.deploy.fit", "solrl.deploy.layouts", "solrl.deploy.up")
     code = ("import sys\n" + "".join(f"import {m}\n" for m in core)
             + "print(sorted(m for m in sys.modules if m.startswith('solrl.shapes')))\n"
             + "from solrl.config import get_preset\nfrom solrl.prompts import load_prompt_set\n"

@@ -180,7 +180,7 @@ def test_run_dir_outputs(random_model_dir, tmp_path):
 
 
 def test_cli_train_then_eval_of_the_run(random_model_dir, tmp_path, capsys):
-    from solrl.cli import main
+    from solrl.cli.app import main
 
     run = tmp_path / "cli_run"
     args = ["train", "--out", str(run), "--epochs", "1", "--no-progress"]

@@ -115,8 +115,8 @@ def test_auto_asks_the_planner_whether_the_trainer_fits_without_it():
     """On CUDA, train.gradient_checkpointing=auto is the planner's answer for the run on the GPU's memory: the same
     choice the committed plans make (benchmarks/results/plan_*: on for SD3.5-L and FLUX.1 on an 80 GB H100, off on
     a 180 GB B200); the shapes trainer fits anything."""
-    from solrl import plan
     from solrl.config import get_preset
+    from solrl.deploy import memory as plan
 
     for preset in ("sd35l-sol-rl", "flux1-sol-rl"):
         cfg = get_preset(preset)

@@ -12,17 +12,18 @@ import pytest
 import yaml
 from test_deploy import k8s_copy
 
-from solrl import plan as P
-from solrl.cli import main
-from solrl.layouts import emit
+from solrl import hardware
+from solrl.cli.app import main
+from solrl.deploy import facts, fit, flops, placement, recipe, report, timing
+from solrl.deploy.layouts import emit
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL = ("sana1.5-1.6b", "sd3.5-large", "flux1-dev")
 
 
-def _plan(model: str, gpu: str = "b200", gpus: int = 8, sets: list[str] | None = None, **kw) -> P.Plan:
-    cfg, preset = P.resolve_config(model, None, sets or [])
-    return P.make_plan(cfg, preset, gpu, gpus, **kw)
+def _plan(model: str, gpu: str = "b200", gpus: int = 8, sets: list[str] | None = None, **kw) -> placement.Plan:
+    cfg, preset = recipe.resolve_config(model, None, sets or [])
+    return placement.make_plan(cfg, preset, gpu, gpus, **kw)
 
 
 # ------------------------------------------------------------------ FLOPs
@@ -32,7 +33,7 @@ def test_sd3_forward_by_hand():
     3 text tokens, text width 6, pooled width 5."""
     c = {"num_attention_heads": 2, "attention_head_dim": 4, "num_layers": 2, "patch_size": 2, "in_channels": 4,
          "out_channels": 4, "joint_attention_dim": 6, "pooled_projection_dim": 5}
-    f = P.sd3_forward(c, image_tokens=4, text_tokens=3)
+    f = flops.sd3_forward(c, image_tokens=4, text_tokens=3)
     per_sample = 256 * 8 + 64 + 5 * 8 + 64 + 2 * 6 * 64 + 6 * 64 + 2 * 64 + 2 * 64       # 3624
     per_text = 6 * 8 + 12 * 64 + 3 * 64                                                   # 1008
     per_image = 2 * 12 * 64 + 8 * 2 * 2 * 4                                               # 1664
@@ -47,27 +48,27 @@ def test_real_forwards_match_layer_hooks_and_known_totals():
     three real models; SD3.5-L's total is the hand-derived 2 x 15.01 T MACs (attention 3.42 T) at the reference's
     text length (CLIP 77 + T5 128 tokens); FLUX.1's 15.81 TFLOPs at T5 128 tokens (21.50 at the pipeline's 512)."""
     for name in REAL:
-        facts = P.model_facts(name, _precision_key("nvfp4-emu"), (), 32)
-        assert (facts.forward.linear_macs, facts.forward.conv_macs) == facts.measured_macs, name
-    sd3 = P.denoiser_forward("sd3.5-large")
+        mf = facts.model_facts(name, _precision_key("nvfp4-emu"), (), 32)
+        assert (mf.forward.linear_macs, mf.forward.conv_macs) == mf.measured_macs, name
+    sd3 = flops.denoiser_forward("sd3.5-large")
     d, x, t = 2432, 4096, 77 + 128
     assert sd3.attention_macs == 38 * 2 * (x + t) ** 2 * d
     assert sd3.linear_macs == 11_594_561_634_304
     assert sd3.flops / 1e12 == pytest.approx(30.03, abs=0.01)
-    assert P.denoiser_forward("flux1-dev").flops / 1e12 == pytest.approx(15.81, abs=0.01)
-    assert P.denoiser_forward("sana1.5-1.6b").flops / 1e12 == pytest.approx(2.967, abs=0.001)
+    assert flops.denoiser_forward("flux1-dev").flops / 1e12 == pytest.approx(15.81, abs=0.01)
+    assert flops.denoiser_forward("sana1.5-1.6b").flops / 1e12 == pytest.approx(2.967, abs=0.001)
 
 
 def test_shapes_forward_is_measured():
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    facts = P.model_facts("shapes", _precision_key("nvfp4-emu"), (), 16)
+    mf = facts.model_facts("shapes", _precision_key("nvfp4-emu"), (), 16)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
-        P.denoiser("shapes").run()   # the bundled UNet's forward that the facts were counted on
+        facts.denoiser("shapes").run()   # the bundled UNet's forward that the facts were counted on
     # torch's counter sees the Linear and convolution work (not the CPU attention kernel)
-    assert counter.get_total_flops() == 2 * (facts.forward.linear_macs + facts.forward.conv_macs)
-    assert facts.forward.attention_macs > 0 and 0.2 < facts.quantized_share < 0.3
+    assert counter.get_total_flops() == 2 * (mf.forward.linear_macs + mf.forward.conv_macs)
+    assert mf.forward.attention_macs > 0 and 0.2 < mf.quantized_share < 0.3
 
 
 def _precision_key(backend: str) -> str:
@@ -82,8 +83,8 @@ def _precision_key(backend: str) -> str:
 # ------------------------------------------------------------------ calibration
 
 def test_calibration_reproduces_the_paper_table_within_the_reported_error():
-    cal, rows = P.fit_calibration()
-    stored = P.CALIBRATION
+    cal, rows = fit.fit_calibration()
+    stored = timing.CALIBRATION
     assert cal.eta_rollout == pytest.approx(stored.eta_rollout, rel=1e-3)
     assert cal.eta_train == pytest.approx(stored.eta_train, rel=1e-3)
     assert cal.image_s == pytest.approx(stored.image_s, rel=1e-3)
@@ -101,10 +102,10 @@ def test_calibration_reproduces_the_paper_table_within_the_reported_error():
 # ------------------------------------------------------------------ placement
 
 def test_more_gpus_are_never_slower():
-    cfg, preset = P.resolve_config("sana1.5-1.6b", None, [])
-    times = [P.make_plan(cfg, preset, "b200", n).best.epoch_s for n in range(1, 41)]
+    cfg, preset = recipe.resolve_config("sana1.5-1.6b", None, [])
+    times = [placement.make_plan(cfg, preset, "b200", n).best.epoch_s for n in range(1, 41)]
     assert all(b <= a + 1e-9 for a, b in zip(times, times[1:]))
-    dis = [P.make_plan(cfg, preset, "b200", n, layout="disaggregated").best.epoch_s for n in range(4, 41)]
+    dis = [placement.make_plan(cfg, preset, "b200", n, layout="disaggregated").best.epoch_s for n in range(4, 41)]
     assert all(b <= a + 1e-9 for a, b in zip(dis, dis[1:]))
 
 
@@ -121,7 +122,7 @@ def test_b200_plans_colocate_and_beat_the_shipped_split():
 
 
 def test_recipe_costs_follow_the_config():
-    flops_only = P.Calibration(eta_rollout=0.3, eta_train=0.3, image_s=0.0)
+    flops_only = timing.Calibration(eta_rollout=0.3, eta_train=0.3, image_s=0.0)
     base = _plan("sd3.5-large", cal=flops_only)
     guided = _plan("sd3.5-large", sets=["sampler.guidance=4.5"], cal=flops_only)
     for stage in ("explore", "regenerate"):   # CFG doubles the sampling forwards, not training
@@ -143,15 +144,30 @@ def test_fp4_explorer_on_hopper_is_planned_in_fp8():
 
 # ------------------------------------------------------------------ bad input
 
+def test_the_format_costs_are_the_hardware_table_s_peak_ratios():
+    """One hardware table: each format's cost relative to BF16 is BF16's dense peak over the format's on every GPU
+    that has kernels for it (within 0.1%: Hopper's FP8 peak is 2.001x its BF16); the proxy and the benchmarks' cost
+    axis read the same numbers."""
+    from solrl.hardware import FORMAT_COST, format_cost, forward_cost
+
+    for kind, gpu in hardware.GPUS.items():
+        for fmt, peak in gpu.tflops.items():
+            if peak is None:
+                assert format_cost(fmt, kind) is None
+            else:
+                assert gpu.tflops["bf16"] / peak == pytest.approx(FORMAT_COST[fmt], rel=1e-3), (kind, fmt)
+    assert forward_cost("nvfp4", 0.5) == pytest.approx(0.5 + 0.5 * 0.25) and forward_cost("nvfp4", 1.0, "h100") is None
+
+
 def test_unknown_gpu_kind():
-    with pytest.raises(P.PlanError, match="unknown GPU kind 'a100'; allowed: b200, h100, h200"):
+    with pytest.raises(recipe.PlanError, match="unknown GPU kind 'a100'; allowed: b200, h100, h200"):
         _plan("sana1.5-1.6b", gpu="a100")
 
 
 def test_more_trainer_ranks_than_samples():
-    with pytest.raises(P.PlanError, match="1153 trainer ranks, but an optimizer step can hold as few as 1152 samples"):
+    with pytest.raises(recipe.PlanError, match="1153 trainer ranks, but an optimizer step can hold as few as 1152 samples"):
         _plan("sana1.5-1.6b", gpus=2000, trainer_ranks=1153)
-    with pytest.raises(P.PlanError, match="as few as 2 samples"):
+    with pytest.raises(recipe.PlanError, match="as few as 2 samples"):
         _plan("sana1.5-1.6b", sets=["rollout.prompts_per_epoch=1", "rollout.kept=2"], trainer_ranks=3)
 
 
@@ -163,7 +179,7 @@ def test_trainer_ranks_follow_the_trainer_s_rule_not_the_epoch_s_samples():
     from solrl.engine import data_parallel as ddp
 
     sets = ["rollout.kept=4"]
-    cfg, _ = P.resolve_config(None, "shapes-sol-rl", sets)
+    cfg, _ = recipe.resolve_config(None, "shapes-sol-rl", sets)
     assert ddp.max_ranks(cfg) == 4 and cfg.rollout.prompts_per_epoch * cfg.rollout.kept == 32
     p = _plan("shapes", gpus=16, sets=sets)
     assert p.recipe.step_samples == (4,) * 8 and p.recipe.max_trainer_ranks == 4
@@ -172,7 +188,7 @@ def test_trainer_ranks_follow_the_trainer_s_rule_not_the_epoch_s_samples():
         ddp.check_ranks(cfg, layout.trainer_ranks)   # what the plan places, the trainer accepts
     with pytest.raises(ConfigError, match="WORLD_SIZE=5"):
         ddp.check_ranks(cfg, 5)
-    with pytest.raises(P.PlanError, match=r"5 trainer ranks, but an optimizer step can hold as few as 4 samples "
+    with pytest.raises(recipe.PlanError, match=r"5 trainer ranks, but an optimizer step can hold as few as 4 samples "
                                           r"\(rollout.prompts_per_epoch=8 prompts over train.optimizer_steps_per_epoch=0 "
                                           r"\(8 steps\) x rollout.kept=4\)"):
         _plan("shapes", gpus=16, sets=sets, trainer_ranks=5)
@@ -180,7 +196,7 @@ def test_trainer_ranks_follow_the_trainer_s_rule_not_the_epoch_s_samples():
     assert p.colocated.stage_s["train"] == pytest.approx(train / 4)
     three = _plan("shapes", gpus=16, sets=sets, layout="disaggregated", trainer_ranks=3).best
     assert three.stage_s["train"] == pytest.approx(train / 2)   # ceil(4 / 3) = 2 of every step's 4 samples
-    text = P.format_plan(p)
+    text = report.format_plan(p)
     assert "trainer    at most 4 data-parallel ranks" in text and "the trainer uses 4 of the 16 GPUs" in text
 
 
@@ -189,37 +205,37 @@ def test_plans_that_do_not_fit_in_memory(monkeypatch):
     on there, prices the recomputation and says why; on a B200 it stays off. A split where a role cannot fit is
     refused naming each role and by how much."""
     h100, b200 = _plan("sd3.5-large", gpu="h100"), _plan("sd3.5-large")
-    usable = 80 * P.USABLE_HBM
+    usable = 80 * hardware.USABLE_HBM
     assert h100.best.fits and h100.gradient_checkpointing and not b200.gradient_checkpointing
     assert h100.memory.role("trainer") > usable > h100.memory.checkpointed().role("trainer")
     assert any("gradient checkpointing on: without it the trainer's GPU needs" in n for n in h100.notes)
     # every trainable forward runs again in the backward: 6 forward-equivalents a row instead of 5
     assert h100.colocated.stage_s["train"] == pytest.approx(h100.stage_one_gpu_s["train"] / 8 * 6 / 5)
-    assert P.plan_dict(h100)["gradient_checkpointing"] is True
-    monkeypatch.setitem(P.GPUS, "small", P.Gpu("small", {"bf16": 100.0, "fp8": 200.0, "fp4": None}, 40.0))
-    with pytest.raises(P.PlanError, match=r"flux1-dev does not fit on one small \(40 GB, 38 usable\) in any layout, "
+    assert report.plan_dict(h100)["gradient_checkpointing"] is True
+    monkeypatch.setitem(hardware.GPUS, "small", hardware.Gpu("small", {"bf16": 100.0, "fp8": 200.0, "fp4": None}, 40.0))
+    with pytest.raises(recipe.PlanError, match=r"flux1-dev does not fit on one small \(40 GB, 38 usable\) in any layout, "
                                           r"even with gradient checkpointing: .*disaggregated: explorer 48 GB, 10 GB over"
                                           r", trainer 41 GB, 3 GB over. Try --set train.micro_batch=6 and a smaller "
                                           r"rollout.micro_batch"):
         _plan("flux1-dev", gpu="small", layout="disaggregated")
-    monkeypatch.setitem(P.GPUS, "tiny", P.Gpu("tiny", {"bf16": 100.0, "fp8": None, "fp4": None}, 24.0))
-    with pytest.raises(P.PlanError, match="BF16 weights and text encoders alone take 34 GB"):
+    monkeypatch.setitem(hardware.GPUS, "tiny", hardware.Gpu("tiny", {"bf16": 100.0, "fp8": None, "fp4": None}, 24.0))
+    with pytest.raises(recipe.PlanError, match="BF16 weights and text encoders alone take 34 GB"):
         _plan("flux1-dev", gpu="tiny")
 
 
 def test_other_bad_input():
-    with pytest.raises(P.PlanError, match="unknown model"):
-        P.resolve_config("sdxl", None, [])
-    with pytest.raises(P.PlanError, match="at least 1"):
+    with pytest.raises(recipe.PlanError, match="unknown model"):
+        recipe.resolve_config("sdxl", None, [])
+    with pytest.raises(recipe.PlanError, match="at least 1"):
         _plan("sana1.5-1.6b", gpus=0)
-    with pytest.raises(P.PlanError, match="disaggregated layout needs at least 4 GPUs"):
+    with pytest.raises(recipe.PlanError, match="disaggregated layout needs at least 4 GPUs"):
         _plan("sana1.5-1.6b", gpus=3, layout="disaggregated")
-    with pytest.raises(P.PlanError, match="no explore stage"):
+    with pytest.raises(recipe.PlanError, match="no explore stage"):
         _plan("sana1.5-1.6b", sets=["rollout.mode=naive_scaling"], explorers=2)
-    with pytest.raises(P.PlanError, match="compose or kustomize"):
+    with pytest.raises(recipe.PlanError, match="compose or kustomize"):
         emit(_plan("sana1.5-1.6b"), "helm")
     for kind in ("compose", "kustomize"):   # the services run the two-stage mode only
-        with pytest.raises(P.PlanError, match="rollout.mode='naive_scaling': the services .* run rollout.mode='sol_rl'"):
+        with pytest.raises(recipe.PlanError, match="rollout.mode='naive_scaling': the services .* run rollout.mode='sol_rl'"):
             emit(_plan("sana1.5-1.6b", layout="disaggregated", sets=["rollout.mode=naive_scaling"]), kind)
 
 
@@ -246,7 +262,7 @@ def test_emit_compose_and_kustomize(tmp_path):
     assert trainer["environment"]["SOLRL_EXPLORER_ADDRS"] == ",".join(f"{n}:8011" for n in explorers)
     colo = yaml.safe_load(emit(_plan("sd3.5-large"), "compose"))["services"]
     assert ids(colo["trainer"]) == [str(i) for i in range(8)] and ids(colo["explorer-3"]) == ["3"]
-    with pytest.raises(P.PlanError, match="colocated layout has no overlay.*time-slicing"):
+    with pytest.raises(recipe.PlanError, match="colocated layout has no overlay.*time-slicing"):
         emit(_plan("sd3.5-large"), "kustomize")
     frag = emit(p, "kustomize")
     doc = yaml.safe_load(frag)
@@ -301,7 +317,7 @@ def test_the_real_presets_fit_8_gpus_of_each_kind():
     for model in ("sd3.5-large", "flux1-dev"):
         for gpu in ("h100", "b200"):
             p = _plan(model, gpu=gpu)
-            usable = P.GPUS[gpu].hbm_gb * P.USABLE_HBM
+            usable = hardware.GPUS[gpu].hbm_gb * hardware.USABLE_HBM
             for x in (p.colocated, p.disaggregated):
                 assert x is not None and x.fits and not x.over_gb
                 roles = p.role_memory(x)

@@ -7,7 +7,7 @@ LoRA targets' originals from the adapters' own selection; peft's LoRA layers (th
 solrl.adapters.lora injects them) and AdamW's state after a step; the text encoders, VAE and reward model built from
 their published configs. Tiny models (real tensors on the CPU): the emulated TE backend's packed layers and the
 real LoraAdapters. Weights and states must match exactly (bytes). Activations cannot be measured without a GPU: they
-stay the model solrl/plan.py states with its source (Korthikanti et al. 2022 and the per-block checkpoint rule).
+stay the model solrl/deploy/memory.py states with its source (Korthikanti et al. 2022 and the per-block checkpoint rule).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import warnings
 import pytest
 import torch
 
-from solrl import plan as P
+from solrl import hardware
+from solrl.deploy import facts, flops, memory, recipe
 
 PRESETS = {"sd3.5-large": "sd35l-sol-rl", "flux1-dev": "flux1-sol-rl", "wan2.2-t2v-a14b": "wan22-a14b-sol-rl"}
 CLIP_L = {"vocab_size": 49408, "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
@@ -60,7 +61,7 @@ def nbytes(tensors) -> int:
 
 
 def gb_bytes(gb: float) -> int:
-    return round(gb * P.GB)
+    return round(gb * memory.GB)
 
 
 def build(cls: str, config_cls: str | None, config: dict, dtype: torch.dtype) -> torch.nn.Module:
@@ -117,12 +118,12 @@ def test_full_size_roles_match_the_real_objects(name):
     from solrl.precision import PrecisionConfig, build_backend
     from solrl.precision.base import with_model_skips
 
-    cfg, preset = P.resolve_config(None, PRESETS[name], [])
+    cfg, preset = recipe.resolve_config(None, PRESETS[name], [])
     mems = {}
     for gpu in ("b200", "h100"):   # NVFP4 / FP8 explorers (whether a layout fits is test_plan.py's)
-        recipe, pc = P.recipe_from_config(cfg, preset, P.GPUS[gpu])
-        mems[gpu] = recipe.explore_format, P.memory_model(P._facts(cfg, pc), recipe)
-    d = P.denoiser(name)
+        rec, pc = recipe.recipe_from_config(cfg, preset, hardware.GPUS[gpu])
+        mems[gpu] = rec.explore_format, memory.memory_model(facts._facts(cfg, pc), rec)
+    d = facts.denoiser(name)
     module = copy.deepcopy(d.module).to(torch.bfloat16)
     for gpu, (fmt, mem) in mems.items():
         assert fmt == {"b200": "fp4", "h100": "fp8"}[gpu]
@@ -163,15 +164,15 @@ def test_component_and_reward_sizes_match_their_configs():
     """Every model's text encoders and VAE (SANA too), and the CLIP ViT-H-14 of HPSv2 / PickScore in FP32."""
     for name, rows in COMPONENT_CONFIGS.items():
         real = {n: sum(p.numel() for p in build(cls, ccls, c, dt).parameters()) for n, cls, ccls, c, dt in rows}
-        assert {c.name: c.params for c in P.COMPONENTS[name]} == real, name
+        assert {c.name: c.params for c in facts.COMPONENTS[name]} == real, name
     import transformers
 
     with torch.device("meta"):
         clip_h = transformers.CLIPModel(transformers.CLIPConfig(**CLIP_H))
     for reward in ("hpsv2", "pickscore"):
-        (c,) = P.reward_components(reward)
+        (c,) = memory.reward_components(reward)
         assert c.params * c.bytes_per_param == nbytes(clip_h.parameters())   # CLIPModel loads in FP32
-    assert P.reward_components("pickscore:1.0+ocr:0.5") == (P.REWARD_MODELS["pickscore"],)
+    assert memory.reward_components("pickscore:1.0+ocr:0.5") == (facts.REWARD_MODELS["pickscore"],)
 
 
 @pytest.mark.parametrize("name", ["sd3.5-large", "flux1-dev", "wan2.2-t2v-a14b"])
@@ -195,16 +196,16 @@ def test_tiny_models_roles_match_the_real_objects(name):
 
         pipe = {"sd3.5-large": diffusers_tiny.tiny_sd3_pipeline, "flux1-dev": diffusers_tiny.tiny_flux_pipeline}[name]()
         module = pipe.transformer
-    d = P.denoiser(name)   # the real model's skip rules and LoRA targets
+    d = facts.denoiser(name)   # the real model's skip rules and LoRA targets
     module = module.to(torch.bfloat16)
     spec = LoraSpec(rank=4, alpha=8.0, target_modules=tuple(d.lora_targets))
-    cfg, preset = P.resolve_config(None, PRESETS[name], [])
-    recipe, _ = P.recipe_from_config(cfg, preset, P.GPUS["b200"])
+    cfg, preset = recipe.resolve_config(None, PRESETS[name], [])
+    rec, _ = recipe.recipe_from_config(cfg, preset, hardware.GPUS["b200"])
     for backend, fmt in (("nvfp4-te-emu", "fp4"), ("fp8-e4m3-emu", "fp8")):
         pc = with_model_skips(PrecisionConfig(backend=backend), d.quant_skip, d.quant_min_features)
-        sizes = P.denoiser_sizes(module, pc, spec.target_modules, spec.rank)
-        facts = P.ModelFacts("tiny", P.Forward(0, 0, 0, 1, 1, 1), 0, resolution=16, **vars(sizes))
-        mem = P.memory_model(facts, dataclasses.replace(recipe, explore_format=fmt))
+        sizes = facts.denoiser_sizes(module, pc, spec.target_modules, spec.rank)
+        mf = facts.ModelFacts("tiny", flops.Forward(0, 0, 0, 1, 1, 1), 0, resolution=16, **vars(sizes))
+        mem = memory.memory_model(mf, dataclasses.replace(rec, explore_format=fmt))
         served = build_backend(pc).prepare(copy.deepcopy(module))
         packed = [m for m in served.modules() if isinstance(m, EmuQuantLinear)]
         assert packed and sizes.quantized_layers == len(packed)

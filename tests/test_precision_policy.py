@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from solrl.cli import main
+from solrl.cli.app import main
 from solrl.config import apply_overrides, get_preset
 from solrl.models import load_model
 from solrl.precision import PrecisionConfig, build_backend

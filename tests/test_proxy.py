@@ -122,7 +122,7 @@ def test_a_switch_rebuilds_the_explorer_one_rung_up(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_calibrate_command_on_hopper_costs_leaves_fp4_out(tmp_path, capsys) -> None:
-    from solrl.cli import main
+    from solrl.cli.app import main
 
     assert main(["calibrate", "--out", str(tmp_path), "--set", "rollout.proxy.prompts=1", "--set",
                  "rollout.proxy.seeds=4", "--set", 'rollout.proxy.candidates=["nvfp4-emu@2", "fp8-e4m3-emu@10"]',

@@ -483,7 +483,7 @@ def test_multi_reward_served_by_the_reward_plane() -> None:
 
 @ocr_installed
 def test_cli_reward_score_prints_json(tmp_path, capsys) -> None:
-    from solrl.cli import main
+    from solrl.cli.app import main
 
     png = tmp_path / "sign.png"
     Image.fromarray(render("OPEN")).save(png)
@@ -502,7 +502,7 @@ def test_cli_reward_score_prints_json(tmp_path, capsys) -> None:
 
 
 def test_cli_reward_errors_and_listing(tmp_path, capsys, monkeypatch) -> None:
-    from solrl.cli import main
+    from solrl.cli.app import main
 
     png = tmp_path / "x.png"
     Image.fromarray(_images(0, 1, 32, 32)[0]).save(png)

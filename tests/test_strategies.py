@@ -67,13 +67,14 @@ def test_seeds_steps_and_forwards_are_the_loops():
 
 @pytest.mark.parametrize("preset", sorted(config.PRESETS))
 def test_the_planners_recipe_explores_and_regenerates_what_the_strategy_says(preset):
-    """The planner derives the same counts from rollout.mode (solrl/plan.py recipe_from_config)."""
-    from solrl import plan
+    """The planner derives the same counts from rollout.mode (solrl/deploy/recipe.py recipe_from_config)."""
+    from solrl.deploy.recipe import recipe_from_config
+    from solrl.hardware import GPUS
 
     cfg = config.get_preset(preset)
     if cfg.model.name not in config.MODEL_NAMES:
         pytest.skip(f"{cfg.model.name} is not a model the planner knows")
-    recipe, _ = plan.recipe_from_config(cfg, preset, plan.GPUS["b200"])
+    recipe, _ = recipe_from_config(cfg, preset, GPUS["b200"])
     r, s = cfg.rollout, strategy(cfg.rollout.mode)
     assert (recipe.explored, recipe.regenerated, recipe.kept) == (s.explored(r), s.bf16_sampled(r), r.kept)
     if s.explores and r.explore_precision.backend != "auto":

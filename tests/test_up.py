@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from solrl.config import apply_overrides, get_preset
+from solrl.deploy.up import ChildSpec, Supervisor, plan
 from solrl.shapes.model import ShapesModel
-from solrl.up import ChildSpec, Supervisor, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,7 +153,7 @@ def test_solrl_up_runs_two_epochs_and_shuts_down_cleanly(tmp_path):
             "eval.seeds_per_prompt=1", "eval.every=0", "eval.steps=2", "tensorboard=false", "lora.rank=4",
             "lora.alpha=8", "epochs=2", "rollout.precision.backend=fp32", "rollout.explore_precision.backend=fp32",
             f"model.path={model_dir}"]
-    common = [sys.executable, "-m", "solrl.up", "--redis-url", "redis://127.0.0.1:6379/0", "--namespace", ns,
+    common = [sys.executable, "-m", "solrl.deploy.up", "--redis-url", "redis://127.0.0.1:6379/0", "--namespace", ns,
               "--threads", "1", "--grace-s", "10"]
     cmd = [*common, "--out", str(tmp_path / "run"), *[a for s in sets for a in ("--set", s)]]
     scraped: dict[str, str] = {}

@@ -121,7 +121,7 @@ def test_solrl_up_with_two_explorers_matches_the_embedded_run(tmp_path, monkeypa
     cfg = apply_overrides(get_preset("shapes-sol-rl"), sets).validate()
     ns = f"solrl-test-e2e-{uuid.uuid4().hex[:10]}"
     queue = RedisStreamQueue(REDIS_URL, QueueConfig(namespace=ns))
-    cmd = [sys.executable, "-m", "solrl.up", "--redis-url", REDIS_URL, "--namespace", ns,
+    cmd = [sys.executable, "-m", "solrl.deploy.up", "--redis-url", REDIS_URL, "--namespace", ns,
            "--out", str(tmp_path / "run"), "--threads", "1", "--explorers", "2", "--grace-s", "10",
            *[a for s in sets for a in ("--set", s)]]
     try:

@@ -193,7 +193,7 @@ def test_video_settings_on_an_image_model_and_the_cli(tmp_path, capsys):
         resolve("shapes-sol-rl", None, ["model.name=wan2.2-ti2v-5b", "model.frames=8", "reward=hpsv2"])
     with pytest.raises(ConfigError, match=r"reward='shapes'.*cannot score video frames"):   # the shapes preset's reward
         resolve("shapes-sol-rl", None, ["model.name=wan2.2-ti2v-5b"])
-    from solrl.cli import main
+    from solrl.cli.app import main
 
     out = tmp_path / "run"
     assert main(["train", "--preset", "wan22-ti2v5b-sol-rl", "--out", str(out), "--set", "model.frames=120",

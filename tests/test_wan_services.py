@@ -264,7 +264,7 @@ def test_a_clip_the_model_cannot_make_is_refused_before_loading(argv, message, t
     """Flags (or the run's settings) naming a clip the model's VAE cannot make: a ConfigError naming the setting from
     the role's start-up, before any weights are read (the weights path does not even exist); `solrl serve` prints it
     and exits 2."""
-    from solrl.cli import main
+    from solrl.cli.app import main
 
     missing = str(tmp_path / "no-weights")
     for module in (explorer_server, regenerator_server):
@@ -423,7 +423,7 @@ def test_a_remote_scorer_splits_what_is_over_the_request_limit(reward_service):
 
 
 def test_solrl_up_gives_the_rollout_services_the_clip(tiny_dirs, tmp_path):
-    from solrl.up import plan
+    from solrl.deploy.up import plan
 
     ports = iter(range(20000, 20100))
     for name, want in (("wan2.2-t2v-a14b", ["--frames", str(FRAMES), "--height", "16", "--width", "16",

@@ -1,7 +1,7 @@
 """How fast the command line answers: `solrl --help` and every subcommand's `--help` (each a fresh Python
 process, median of `repeats`), against `python -c pass` (the interpreter alone) and `python -c "import torch"`
 (what a CLI that imports the model stack pays before it can print anything). The list of subcommands comes from
-the caller (`solrl bench cli` passes `solrl.cli.command_words()`)."""
+the caller (`solrl bench cli` passes `solrl.cli.app.command_words()`)."""
 
 from __future__ import annotations
 
@@ -30,10 +30,10 @@ def _median_s(argv: list[str], repeats: int) -> float:
 
 def run(out: Path, small: bool = False, repeats: int | None = None,
         commands: tuple[tuple[str, ...], ...] = ()) -> dict[str, Any]:
-    """`commands`: the subcommands to time, as words (`solrl.cli.command_words()`, which `solrl bench cli` passes:
+    """`commands`: the subcommands to time, as words (`solrl.cli.app.command_words()`, which `solrl bench cli` passes:
     the command line sits above the benchmarks, so they take its list rather than import it)."""
     if not commands:
-        raise ValueError("bench 'cli' needs the subcommands to time (commands=solrl.cli.command_words())")
+        raise ValueError("bench 'cli' needs the subcommands to time (commands=solrl.cli.app.command_words())")
     n = repeats or (1 if small else 5)
     py = sys.executable
     rows = [{"command": "python -c pass", "seconds": _median_s([py, "-c", "pass"], n)},

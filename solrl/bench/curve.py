@@ -5,7 +5,7 @@ wall-clock, and which of the paper's convergence claims held.
 Each mode runs its preset `repeats` times (run seeds seed, seed+1, ...), the same epochs and prompts per
 epoch, evaluated every few epochs on the same held-out prompts and seeds (evaluation time not counted).
 
-Cost model (B200 bound, as the paper's hardware): a denoiser forward costs 1 in BF16 (or FP32), 1/2 in
+Cost model (B200 bound, as the paper's hardware; solrl/hardware.py): a denoiser forward costs 1 in BF16 (or FP32), 1/2 in
 FP8 and 1/4 in FP4 for the share of its multiply-accumulates that the low-precision backend quantizes
 (measured per run: convolutions and layers kept in high precision stay at 1); a training (sample, timestep) pair
 costs the old and reference forwards plus the
@@ -35,6 +35,7 @@ from solrl.algo import timestep_count
 from solrl.bench.common import SMALL_RUN, write_results
 from solrl.config import apply_overrides, get_preset
 from solrl.engine.loop import train
+from solrl.hardware import forward_cost
 
 PAPER_MODES = ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant")
 # mode -> (preset, settings added to the preset's)
@@ -46,15 +47,6 @@ MODES: dict[str, tuple[str, list[str]]] = {
     # ranks with the ODE in low precision, the kept seeds are regenerated with the SDE)
     "flow_grpo": ("shapes-flow-grpo", []), "sol_flow_grpo": ("shapes-sol-flow-grpo", []),
 }
-
-
-def forward_cost(backend: str, quantized_share: float = 1.0) -> float:
-    """Cost of one denoiser forward relative to BF16 on the B200 bound. Only the quantized layers' share of
-    the forward's multiply-accumulates runs at the low-precision rate; the rest (convolutions, layers kept in
-    high precision) costs what it costs in BF16."""
-    b = backend.lower()
-    rate = 0.25 if "fp4" in b else 0.5 if "fp8" in b else 1.0
-    return (1.0 - quantized_share) + quantized_share * rate
 
 
 def explore_share(cfg) -> float:

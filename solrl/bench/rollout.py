@@ -55,7 +55,8 @@ def run(out: Path, small: bool = False, prompts: int | None = None, pool: int | 
             "s_per_bf16_forward": regen_s / f_rg if f_rg else None,
         }
     naive, sol = per_mode["naive_scaling"], per_mode["sol_rl"]
-    from solrl.bench.curve import explore_share, forward_cost
+    from solrl.bench.curve import explore_share
+    from solrl.hardware import forward_cost
 
     share = explore_share(configs["sol_rl"])  # the explorer this run measured
     sol["explore_quantized_share"] = round(share, 4)

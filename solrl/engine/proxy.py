@@ -5,8 +5,8 @@ keep the choice honest during the run.
 full rollout steps (the reference) and with every candidate proxy (FORMAT@STEPS[/POLICY]) through the
 explorer's own `explore` call, and measures per prompt the Kendall tau of the proxy's rewards against the
 reference's and the kept-set contrast (the reference reward of the proxy's best k/2 minus its worst k/2:
-what the trainer is given). Each candidate (parsed and checked in solrl/rollout/candidates.py, which holds the
-GPU rates) costs `steps` forwards per seed, priced by a device model:
+what the trainer is given). Each candidate (parsed and checked in solrl/rollout/candidates.py) costs `steps`
+forwards per seed, priced by a device model (the hardware table's format costs, solrl/hardware.py):
 
   b200           FP4 1/4 and FP8 1/2 of a BF16 forward for the quantized share of its multiply-accumulates
   h100 / h200    FP8 1/2; no FP4 (such candidates are left out)

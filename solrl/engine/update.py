@@ -30,7 +30,7 @@ from solrl.sampling import SDEStep, flow_sigmas, sde_step_with_logprob
 
 # The planner's memory model, which sits above the engine (it plans the engine's roles): named, not imported, as the
 # registries name what sits above the core (solrl/registry.py, docs/architecture.md)
-MEMORY_MODEL = ("solrl.plan:trainer_fits_without_checkpointing", "solrl.plan:PlanError")
+MEMORY_MODEL = ("solrl.deploy.memory:trainer_fits_without_checkpointing", "solrl.deploy.recipe:PlanError")
 
 
 def use_gradient_checkpointing(setting: str, model: T2IModel, run: RunConfig | None = None) -> bool:
@@ -38,7 +38,7 @@ def use_gradient_checkpointing(setting: str, model: T2IModel, run: RunConfig | N
     "true" / "false": as said. "auto": off for the shapes model and on the CPU, where activations are small and the
     recompute would only cost time; for a real model (a diffusers pipeline: SANA, SD3.5, FLUX, Wan2.2) on CUDA, on
     where the planner's memory model says this trainer process (`run`'s, on this GPU's memory, with this many
-    ranks) does not fit without it (solrl.plan.trainer_fits_without_checkpointing), and on wherever that cannot be
+    ranks) does not fit without it (solrl.deploy.memory.trainer_fits_without_checkpointing), and on wherever that cannot be
     told (no run given, a model the planner has no architecture for)."""
     if setting not in ("auto", "true", "false"):
         raise ValueError(f"train.gradient_checkpointing must be auto, true or false, got {setting!r}")

@@ -2,7 +2,8 @@
 under a GPU device model.
 
 What the config, the planner and the rollout services need of the proxy without the calibration or the controller
-(solrl/engine/proxy.py): every check here needs no model, so the config runs them when it is validated.
+(solrl/engine/proxy.py): every check here needs no model, so the config runs them when it is validated. The
+device model is the hardware table's (solrl/hardware.py):
 
   b200           FP4 1/4 and FP8 1/2 of a BF16 forward for the quantized share of its multiply-accumulates
   h100 / h200    FP8 1/2; no FP4 (such candidates are left out)
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEVICES = ("b200", "h100", "h200", "cpu")
-_RATES = {"b200": {"fp4": 0.25, "fp8": 0.5}, "h100": {"fp8": 0.5}, "h200": {"fp8": 0.5}}
+from solrl.hardware import GPUS, format_cost, forward_cost
+
+DEVICES = (*GPUS, "cpu")
 
 
 @dataclass(frozen=True)
@@ -89,21 +91,13 @@ def check_proxy_config(p, full_steps: int) -> list[Candidate]:
     if p.patience < 1 or p.every < 0:
         raise ValueError(f"rollout.proxy.patience must be >= 1 and rollout.proxy.every >= 0, got {p.patience}, "
                          f"{p.every}")
-    if p.device in ("h100", "h200") and all(_rate(c.backend, p.device) is None for c in cands):
+    if p.device in ("h100", "h200") and all(format_cost(c.backend, p.device) is None for c in cands):
         raise ValueError(f"rollout.proxy.candidates: none can run on {p.device} (no FP4 on Hopper): add an FP8 or "
                          f"BF16 candidate")
     return cands
 
 
-def _rate(backend: str, device: str) -> float | None:
-    """Cost of the quantized part of a forward relative to BF16 on `device`; None: the format has no kernel there."""
-    fmt = "fp4" if "fp4" in backend else "fp8" if "fp8" in backend else None
-    if fmt is None:
-        return 1.0
-    return _RATES[device].get(fmt)
-
-
 def model_cost(c: Candidate, device: str, share: float) -> float | None:
     """BF16-forward equivalents per explored seed under a GPU device model (None: cannot run there)."""
-    rate = _rate(c.backend, device)
-    return None if rate is None else c.steps * ((1.0 - share) + share * rate)
+    cost = forward_cost(c.backend, share, device)
+    return None if cost is None else c.steps * cost

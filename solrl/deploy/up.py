@@ -230,9 +230,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run `solrl up` until the trainer finishes, a service dies, or SIGINT / SIGTERM."""
+    from solrl.rollout.strategies import STRATEGIES, strategy  # imported here: solrl.rollout loads torch, --help must not
+
     cfg, run_dir = resolve_run(args.preset, args.config, list(args.set or []), args.out, args.resume)
-    if cfg.rollout.mode != "sol_rl":
-        raise ValueError(f"solrl up runs rollout.mode 'sol_rl' (explorer + regenerator), got {cfg.rollout.mode!r}")
+    if not strategy(cfg.rollout.mode).runs_on_services:
+        on = " or ".join(repr(n) for n, s in STRATEGIES.items() if s.runs_on_services)
+        raise ValueError(f"solrl up runs rollout.mode {on} (explorer + regenerator), got {cfg.rollout.mode!r}")
     namespace = args.namespace or f"solrl:{run_dir.name}"
     head = ["--resume", str(run_dir)] if args.resume else [
         *(["--preset", args.preset] if args.preset else []), *(["--config", args.config] if args.config else [])]

@@ -1,0 +1,7 @@
+"""`python -m solrl.cli ...`: the `solrl` command."""
+
+import sys
+
+from solrl.cli.app import main
+
+sys.exit(main())
