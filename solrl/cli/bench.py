@@ -17,38 +17,23 @@ def cmd_bench(a: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(a.threads)
-    kw = {k: v for k, v in (("prompts", a.prompts), ("seeds", a.seeds), ("epochs", a.epochs)) if v}
+    kw = {k: v for k, v in (("prompts", a.prompts), ("seeds", a.seeds), ("epochs", a.epochs), ("steps", a.steps),
+                            ("repeats", a.repeats), ("jobs", a.jobs), ("compare", a.compare), ("device", a.device),
+                            ("pools", a.pools)) if v}
     if a.seed is not None:
         kw["seed"] = a.seed
-    if a.precisions:
-        kw["precisions"] = tuple(a.precisions.split(","))
-    if a.steps:
-        kw["steps"] = a.steps
+    # comma-separated lists (--reward names several rewards for ranking, one elsewhere)
+    for key, value in (("precisions", a.precisions), ("policies", a.policies), ("modes", a.modes),
+                       ("models", a.models), ("arms", a.arms)):
+        if value:
+            kw[key] = tuple(x for x in value.split(",") if x)
     if a.reward:
         if a.name == "ranking":
             kw["rewards"] = tuple(x for x in a.reward.split(",") if x)
         else:
             kw["reward"] = a.reward
-    if a.policies:
-        kw["policies"] = tuple(x for x in a.policies.split(",") if x)
-    if a.repeats:
-        kw["repeats"] = a.repeats
-    if a.jobs:
-        kw["jobs"] = a.jobs
-    if a.modes:
-        kw["modes"] = tuple(x for x in a.modes.split(",") if x)
-    if a.compare:
-        kw["compare"] = a.compare
-    if a.device:
-        kw["device"] = a.device
     if a.sets:
         kw["overrides"] = tuple(a.sets)
-    if a.models:
-        kw["models"] = tuple(x for x in a.models.split(",") if x)
-    if a.arms:
-        kw["arms"] = tuple(x for x in a.arms.split(",") if x)
-    if a.pools:
-        kw["pools"] = a.pools
     if a.name == "cli":
         kw["commands"] = a.commands()   # every command's words, from the parser (app.command_words)
     if a.name in ("curve", "selection") and a.threads:

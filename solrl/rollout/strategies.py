@@ -60,8 +60,11 @@ class RolloutStrategy:
         return proxy_steps if proxy_steps is not None else r.explore_steps
 
     def bf16_sampled(self, r: Any) -> int:
-        """Seeds a prompt sampled in BF16 at full steps (r.steps)."""
-        return 0
+        """Seeds a prompt sampled in BF16 at full steps (r.steps): the kept k where they are regenerated, the whole
+        draw where BF16 samples are trained on without a regeneration pass, none where low-precision ones are."""
+        if self.trains_on != BF16:
+            return 0
+        return r.kept if self.regenerates else self.pool(r)
 
     def forwards(self, r: Any, cfg_mult: int = 1, explore_steps: int | None = None) -> dict[str, int]:
         """Image-level denoiser forwards of one epoch's rollouts (the loop's forwards_* records): every solver step is
@@ -80,9 +83,6 @@ class SolRL(RolloutStrategy):
     explores, keeps, regenerates, trains_on, runs_on_services = True, KEEP_BY_PROXY, True, BF16, True
     summary = "n explored in low precision at few steps, k kept by the proxy, regenerated in BF16 at full steps"
 
-    def bf16_sampled(self, r: Any) -> int:
-        return r.kept
-
 
 class DiffusionNFT(RolloutStrategy):
     name = "diffusion_nft"
@@ -93,17 +93,11 @@ class DiffusionNFT(RolloutStrategy):
         # k seeds a prompt: the first k of the pool the other modes draw (the same prompts and initial noise)
         return r.kept
 
-    def bf16_sampled(self, r: Any) -> int:
-        return r.kept
-
 
 class NaiveScaling(RolloutStrategy):
     name = "naive_scaling"
     explores, keeps, regenerates, trains_on = False, KEEP_BY_BF16, False, BF16
     summary = "n sampled in BF16 at full steps, k kept by their BF16 rewards"
-
-    def bf16_sampled(self, r: Any) -> int:
-        return r.pool
 
 
 class NaiveQuant(RolloutStrategy):
