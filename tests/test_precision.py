@@ -571,6 +571,13 @@ def test_fast_nvfp4_fake_quant_is_bit_identical_to_torchao():
 
     v = torch.linspace(-6, 6, 24001)
     assert torch.equal(round_e2m1(v), f4_unpacked_to_f32(f32_to_f4_unpacked(v)))
+    # every multiple of 2^-16 in [0, 6], and each tie between grid points with its two fp32 neighbours: the
+    # rounding's segment edges (2, 4) and its ties-to-even decisions
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 2.0, 4.0, 6.0])
+    v = torch.cat([torch.arange(0, 6 * 2**16 + 1) / 2**16, ties, torch.nextafter(ties, torch.tensor(0.0)),
+                   torch.nextafter(ties, torch.tensor(7.0)).clamp(max=6.0)])
+    assert torch.equal(round_e2m1(v), f4_unpacked_to_f32(f32_to_f4_unpacked(v)))
+    assert torch.equal(round_e2m1(-v), f4_unpacked_to_f32(f32_to_f4_unpacked(-v)))
     gen = torch.Generator().manual_seed(0)
     for scale in (1.0, 1e-3, 80.0):
         x = torch.randn(64, 96, generator=gen) * scale
