@@ -12,7 +12,7 @@ import torch
 from solrl.config import get_preset
 from solrl.engine.loop import train
 from solrl.engine.session import Session
-from solrl.rollout import SamplerSpec, generate
+from solrl.rollout.passes import SamplerSpec, generate
 from solrl.shapes.model import ShapesModel
 from solrl.telemetry import read_metrics, strip_timings
 

@@ -21,7 +21,7 @@ from solrl.models.base import T2IModel
 from solrl.prompts import eval_subset
 from solrl.rewards import Scorer, build_reward
 from solrl.rewards.frames import first_frames, score_frames
-from solrl.rollout import PromptCache, SamplerSpec, generate
+from solrl.rollout.passes import PromptCache, SamplerSpec, generate
 from solrl.telemetry import image_grid, save_png
 
 _SUMMARY_KEYS = ("exact_match", "dense_mean", "dense_spearman", "relation_order_n")
