@@ -121,8 +121,7 @@ def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
     for split, prompts, guidance in splits:
         summary, _ = evaluate(model, model.transformer, (cfg.eval_steps,), prompts, 1, seed=1000,
                               sampler=SamplerSpec(guidance=guidance))
-        res = summary["results"][str(cfg.eval_steps)]
-        keep = {"mean_reward": res["mean_reward"], **summary_metrics(res)}
+        keep = summary_metrics(summary)
         out[split] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in keep.items()}
     return out
 
