@@ -1,7 +1,7 @@
 """Explorer service contract tests over real sockets (127.0.0.1, ephemeral ports), with adapter hot reload.
 
 A one-layer shapes model (seeded, saved and loaded through the registry) keeps every call cheap. Expected
-results come from the core: `solrl.rollout.explore` on an `InferenceCopy` (the embedded loop's explorer)
+results come from the core: `solrl.rollout.passes.explore` on an `InferenceCopy` (the embedded loop's explorer)
 synced with the same adapter, merged by peft-backed `LoraAdapters`. The reward is jpeg_compressibility:
 unlike the exact shapes reward it varies between random images, so equal scores mean equal images.
 """
@@ -39,7 +39,7 @@ from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
 from solrl.precision import PrecisionConfig
 from solrl.rewards import build_reward
 from solrl.rewards.jpeg import JpegCompressibility
-from solrl.rollout import SamplerSpec, explore
+from solrl.rollout.passes import SamplerSpec, explore
 from solrl.rollout.workers import InferenceCopy
 from solrl.shapes.model import ShapesModel, text_encoder_config, transformer_config
 

@@ -26,7 +26,7 @@ from solrl.engine.loop import train
 from solrl.engine.queue_loop import run_distributed
 from solrl.engine.session import Session
 from solrl.engine.update import Batch, FlowGRPOTrainer
-from solrl.rollout import SamplerSpec, generate
+from solrl.rollout.passes import SamplerSpec, generate
 from solrl.sampling import SeedNoise, flow_sigmas, noise_for_seeds, sample
 from solrl.telemetry import read_metrics, strip_timings
 

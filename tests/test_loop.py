@@ -12,7 +12,7 @@ import torch
 from solrl.config import get_preset
 from solrl.engine.loop import train
 from solrl.engine.session import Session
-from solrl.rollout import SamplerSpec, generate
+from solrl.rollout.passes import SamplerSpec, generate
 from solrl.shapes.model import ShapesModel
 from solrl.telemetry import read_metrics, strip_timings
 
@@ -215,6 +215,31 @@ def test_cli_train_then_eval_of_the_run(random_model_dir, tmp_path, capsys):
     assert "no checkpoint of epoch 7; saved epochs: [1]" in capsys.readouterr().err
     assert main(["eval", "--epoch", "1", "--out", str(tmp_path / "e1")]) == 2
     assert "--epoch needs --checkpoint RUN_DIR" in capsys.readouterr().err
+
+
+def test_evaluation_copies_the_summary_fields_its_scorer_reports():
+    """The core does not know a scorer's metric names: what `score_with_metrics` says sums an evaluation up is in the
+    summary and the run's records (eval.<field>), of the first step count; its other metrics only in the results."""
+    from solrl.engine.evaluate import eval_metrics, evaluate
+
+    class Lit:
+        name = "lit"
+
+        def __call__(self, images, prompts):
+            return np.full(len(prompts), 0.25, dtype=np.float32)
+
+        def score_with_metrics(self, images, prompts, seeds_per_prompt=1):
+            lit = float(images.mean())
+            return np.full(len(prompts), 0.25), {"lit": lit, "lit_by_seed": list(images.mean(axis=(1, 2, 3)))}, \
+                {"lit": lit, "scored": len(prompts) // seeds_per_prompt}
+
+    model = ShapesModel.random(seed=0, layers=1, heads=2)
+    summary, _ = evaluate(model, model.transformer, (2, 3), ["a red circle", "two blue squares"], 2, 7, SamplerSpec(),
+                          Lit())
+    r2, r3 = summary["results"]["2"], summary["results"]["3"]
+    assert eval_metrics(summary) == {"eval.mean_reward": 0.25, "eval.lit": r2["lit"], "eval.scored": 2}
+    assert list(r2) == ["mean_reward", "n", "sample_time_s", "lit", "lit_by_seed"] and r2["lit"] != r3["lit"]
+    assert summary["reward"] == "lit" and "lit_by_seed" not in summary
 
 
 def test_group_stats_per_caption_form():

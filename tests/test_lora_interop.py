@@ -27,7 +27,7 @@ from solrl.adapters import (
 from solrl.models import load_model
 from solrl.models.diffusers_t2i import FAMILIES
 from solrl.models.diffusers_tiny import save_tiny
-from solrl.rollout import SamplerSpec, generate
+from solrl.rollout.passes import SamplerSpec, generate
 from solrl.sampling import flow_sigmas, noise_for_seeds
 
 PROMPTS = ["a red circle", "two blue squares"]

@@ -15,7 +15,7 @@ from solrl.adapters import LoraAdapters, LoraSpec
 from solrl.config import ConfigError, TrainConfig, resolve
 from solrl.engine.update import NFTTrainer, set_gradient_checkpointing, use_gradient_checkpointing
 from solrl.precision import allow_tf32
-from solrl.rollout import PromptCache, SamplerSpec, generate
+from solrl.rollout.passes import PromptCache, SamplerSpec, generate
 from solrl.shapes.model import ShapesModel, text_encoder_config, transformer_config
 
 
@@ -144,7 +144,7 @@ def test_tf32_is_left_alone_on_the_cpu():
 def test_tf32_on_cuda_and_large_prompt_encodings_kept_in_host_memory(model):
     assert allow_tf32("cuda") and torch.get_float32_matmul_precision() == "high"
     assert torch.backends.cuda.matmul.allow_tf32
-    from solrl.rollout import HOST_CACHE_MIN_BYTES
+    from solrl.rollout.passes import HOST_CACHE_MIN_BYTES
 
     cuda = copy.deepcopy(model)
     cuda.text_encoder.cuda()

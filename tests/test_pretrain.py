@@ -63,7 +63,7 @@ def test_guided_tracking_scores_the_guided_samples():
     """heldout_guided is the held-out evaluation sampled with CFG at track_guidance: equal to that evaluation
     run on its own, and not the unguided one (on the bundled base, which draws objects)."""
     from solrl.engine.evaluate import evaluate
-    from solrl.rollout import SamplerSpec
+    from solrl.rollout.passes import SamplerSpec
     from solrl.shapes.metrics import eval_prompts
     from solrl.shapes.pretrain import track
     from solrl.shapes.world import split_prompts

@@ -21,7 +21,7 @@ from solrl.models.diffusers_t2i import FAMILIES, MissingModelWeightsError, missi
 from solrl.models.diffusers_tiny import save_tiny
 from solrl.precision import EmuQuantLinear
 from solrl.precision.base import round_to_bf16
-from solrl.rollout import SamplerSpec, generate
+from solrl.rollout.passes import SamplerSpec, generate
 
 FAMILY_PRESET = {"sana1.5-1.6b": "sana", "sd3.5-large": "sd35l", "flux1-dev": "flux1"}
 TINY_RUN = ["reward=jpeg_compressibility", "rollout.explore_precision.backend=nvfp4-emu",

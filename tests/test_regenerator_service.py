@@ -1,7 +1,7 @@
 """Regenerator service contract tests over real sockets (127.0.0.1, ephemeral ports), with adapter hot reload.
 
 A one-layer shapes model (seeded, saved and loaded through the registry) keeps every call cheap. Expected
-results come from the core: `solrl.rollout.regenerate` on a BF16 `InferenceCopy` synced with the same
+results come from the core: `solrl.rollout.passes.regenerate` on a BF16 `InferenceCopy` synced with the same
 adapter, merged by peft-backed `LoraAdapters`. The explorer's tests cover the hot-reload door in depth
 (the same services.common.adapter_reload code); here it is checked as the regenerator mounts it.
 """
@@ -35,7 +35,7 @@ from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.regenerator.v1 import regenerator_pb2, regenerator_pb2_grpc
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.rewards import build_reward
-from solrl.rollout import SamplerSpec, regenerate
+from solrl.rollout.passes import SamplerSpec, regenerate
 from solrl.rollout.workers import InferenceCopy
 from solrl.shapes.model import ShapesModel, text_encoder_config, transformer_config
 

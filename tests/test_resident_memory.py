@@ -37,7 +37,7 @@ from solrl.adapters.merge import lora_layout, merge_lora, target_weights
 from solrl.models.wan import WAN22_T2V_A14B, WanExperts
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.rewards import build_reward
-from solrl.rollout import SamplerSpec, explore
+from solrl.rollout.passes import SamplerSpec, explore
 from solrl.rollout.workers import InferenceCopy
 from solrl.shapes.model import ShapesModel, text_encoder_config, transformer_config
 

@@ -3,6 +3,9 @@ costs, and that they agree with the loop's forward counts and the planner's reci
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -25,10 +28,20 @@ from solrl.rollout.strategies import (
 
 
 def test_one_strategy_per_mode_the_config_accepts():
-    assert MODES == config.MODES
+    assert config.MODES is MODES == tuple(STRATEGIES)   # the config's mode names are the strategy table's
     assert {type(s) for s in STRATEGIES.values()} == {SolRL, DiffusionNFT, NaiveScaling, NaiveQuant}
     for name, s in STRATEGIES.items():
         assert strategy(name) is s and s.name == name and s.summary
+
+
+def test_the_config_reads_the_strategies_without_loading_torch():
+    """solrl.rollout's package imports nothing, so the config (and `solrl --help`) reach the strategies without the
+    rollout passes' torch."""
+    code = ("import sys, solrl.config, solrl.rollout.strategies, solrl.rollout.candidates; "
+            "print(sorted(m for m in ('torch', 'solrl.rollout.passes') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()}).stdout.strip()
+    assert out == "[]"
 
 
 @pytest.mark.parametrize("bad", ["sol-rl", "", None, "flow_grpo"])

@@ -4,7 +4,7 @@ NVFP4-emulated explorer.
 
 The emulated NVFP4 explorer takes one amax per activation tensor, as Transformer Engine's recipe does,
 so a seed's proxy score depends on what shares its forward batch. Rollouts therefore sample one
-prompt's seeds per forward batch (`solrl.rollout.generate_by_prompt`): the embedded loop (all prompts
+prompt's seeds per forward batch (`solrl.rollout.passes.generate_by_prompt`): the embedded loop (all prompts
 in one call) and the explorer service (one ExploreJob per prompt, on whichever explorer takes it) run
 identical batches. The first test checks that in process; the second runs the whole stack.
 
@@ -36,7 +36,7 @@ from solrl.engine.session import Session
 from solrl.models import load_model
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.rewards import build_reward
-from solrl.rollout import explore, generate
+from solrl.rollout.passes import explore, generate
 from solrl.shapes.model import ShapesModel
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -37,7 +37,7 @@ from solrl.models.wan_tiny import save_tiny_wan
 from solrl.precision import EmuQuantLinear, PrecisionConfig, build_backend
 from solrl.precision.base import round_to_bf16
 from solrl.rewards.frames import score_frames
-from solrl.rollout import SamplerSpec, generate
+from solrl.rollout.passes import SamplerSpec, generate
 from solrl.sampling import SeedNoise, noise_for_seeds, sample
 
 NAMES = ("wan2.2-ti2v-5b", "wan2.2-t2v-a14b")

@@ -25,7 +25,7 @@ from solrl.models.base import T2IModel
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
 from solrl.precision import PrecisionConfig, runnable_backends
 from solrl.rewards import Scorer, build_reward
-from solrl.rollout import PromptCache, SamplerSpec
+from solrl.rollout.passes import PromptCache, SamplerSpec
 from solrl.sampling.noise import SEED_LIMIT
 
 ODE_SOLVERS = ("euler", "dpm2")  # what a request names; the SDE is asked for with SamplerSpec.sde_eta > 0

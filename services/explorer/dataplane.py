@@ -2,7 +2,7 @@
 
 A low-precision (e.g. NVFP4-emulated) copy of the denoiser samples a pool of seeds per prompt at few
 steps, a scorer gives each image a proxy reward and `k` seeds are selected. Sampling, scoring and
-selection are the core `solrl.rollout.explore`; this class adds input checks (errors name the request
+selection are the core `solrl.rollout.passes.explore`; this class adds input checks (errors name the request
 field), the hot-reloadable serving copy (every result names the adapter version it was sampled with)
 and the KServe v2 model `explore`. Also here, for both rollout services: the scorer choice (the
 in-process registry or a remote reward service) and the sampler defaults.
@@ -38,7 +38,7 @@ from solrl.algo.selection import SELECTION_MODES
 from solrl.models.base import T2IModel
 from solrl.precision import PrecisionConfig
 from solrl.rewards import Scorer
-from solrl.rollout import SamplerSpec, explore
+from solrl.rollout.passes import SamplerSpec, explore
 from solrl.sampling.noise import SEED_LIMIT
 
 MODEL_NAME = "explore"

@@ -2,7 +2,7 @@
 
 A BF16 copy of the denoiser re-samples kept seeds at full steps (same seed -> same noise as the
 explorer) and scores the images: these final latents and rewards are what the trainer learns from.
-Sampling and scoring are the core `solrl.rollout.regenerate`; this class adds input checks (errors
+Sampling and scoring are the core `solrl.rollout.passes.regenerate`; this class adds input checks (errors
 name the request field) and the hot-reloadable serving copy (every result names its adapter version).
 """
 
@@ -24,7 +24,7 @@ from solrl.adapters import LoraSpec
 from solrl.models.base import T2IModel
 from solrl.precision import PrecisionConfig
 from solrl.rewards import Scorer
-from solrl.rollout import SamplerSpec, regenerate
+from solrl.rollout.passes import SamplerSpec, regenerate
 
 FIELDS = {"prompt": "prompt", "seeds": "seeds", "steps": "steps", "min_version": "min_version"}
 

@@ -38,7 +38,7 @@ from solrl.bench.common import write_results
 from solrl.config import get_preset
 from solrl.engine.session import Session
 from solrl.precision import BACKENDS, available_backends
-from solrl.rollout import explore, regenerate
+from solrl.rollout.passes import explore, regenerate
 from solrl.rollout.workers import InferenceCopy
 from solrl.shapes.metrics import eval_prompts
 

@@ -55,7 +55,7 @@ def right_both_ways(detail_a: list[dict[str, float]], detail_b: list[dict[str, f
 def measure(model: Any, prompts: list[str], seeds: int, guidance: float, steps: int = 10,
             seed: int = 0) -> dict[str, Any]:
     """The figures of the module docstring for one model and guidance scale."""
-    from solrl.rollout import SamplerSpec, generate
+    from solrl.rollout.passes import SamplerSpec, generate
     from solrl.shapes.metrics import relation_order
     from solrl.shapes.reward import ShapesReward
 

@@ -22,7 +22,7 @@ from solrl.config import get_preset
 from solrl.engine.session import Session
 from solrl.precision import PrecisionConfig, build_backend
 from solrl.precision.base import denoiser_blocks, layer_macs, with_model_skips
-from solrl.rollout import generate_by_prompt
+from solrl.rollout.passes import generate_by_prompt
 from solrl.rollout.workers import InferenceCopy
 from solrl.shapes.metrics import eval_prompts
 

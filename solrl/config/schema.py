@@ -14,11 +14,8 @@ from typing import Any
 
 from solrl.precision import PrecisionConfig
 from solrl.prompts import takes_relation_share
+from solrl.rollout.strategies import LOW, MODES, strategy  # rollout.mode: the strategies' names (no torch)
 
-# rollout.mode: the rollout strategies' names (solrl.rollout.strategies.MODES, which validate() checks against), written
-# out here because the presets are built from them on import and importing solrl.rollout loads torch
-# (tests/test_strategies.py checks the two agree)
-MODES = ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant")
 SELECTIONS = ("best_worst", "random", "mean_deviation", "extremes_random")
 SOLVERS = ("euler", "dpm2")
 ALGOS = ("nft", "flow_grpo")  # train.algo: DiffusionNFT (solrl/algo/nft.py) or FlowGRPO (solrl/algo/grpo.py)
@@ -104,7 +101,7 @@ class RolloutConfig:
     # e+1's rollouts are sampled with the adapter before epoch e's update, so in the services mode they are
     # produced while the trainer trains epoch e (docs/method.md, "Pipelined epochs")
     staleness: int = 0
-    # prompts whose text encodings are kept (LRU; solrl.rollout.PromptCache): bounds what a long run holds
+    # prompts whose text encodings are kept (LRU; solrl.rollout.passes.PromptCache): bounds what a long run holds
     # (SD3.5 / FLUX: 2.7 / 4.2 MB a prompt, kept in host memory on CUDA)
     prompt_cache_entries: int = 1024
 
@@ -201,11 +198,9 @@ class RunConfig:
                      "prompt_cache_entries"):
             if getattr(r, name) <= 0:
                 raise ConfigError(f"rollout.{name} must be positive, got {getattr(r, name)}")
-        from solrl.rollout import strategies  # here: solrl.rollout loads torch, which importing the config must not
-
-        if r.mode not in strategies.MODES:
-            raise ConfigError(f"rollout.mode must be one of {strategies.MODES}, got {r.mode!r}")
-        s = strategies.strategy(r.mode)
+        if r.mode not in MODES:
+            raise ConfigError(f"rollout.mode must be one of {MODES}, got {r.mode!r}")
+        s = strategy(r.mode)
         if r.selection not in SELECTIONS:
             raise ConfigError(f"rollout.selection must be one of {SELECTIONS}, got {r.selection!r}")
         if s.selects and r.kept > r.pool:
@@ -278,9 +273,7 @@ class RunConfig:
             raise ConfigError("train.algo=flow_grpo needs the log-prob of every step of the trained rollouts, which the "
                               "deterministic ODE sampler (rollout.sde_eta=0) does not have: set rollout.sde_eta > 0 "
                               "(the SDE's noise level; flow_grpo uses 0.7), or use a *-flow-grpo preset")
-        from solrl.rollout import strategies
-
-        if strategies.strategy(r.mode).trains_on == strategies.LOW:
+        if strategy(r.mode).trains_on == LOW:
             raise ConfigError("train.algo=flow_grpo cannot train on the low-precision explorer's samples "
                               "(rollout.mode=naive_quant): its log-probs must be the BF16 policy's; use sol_rl, "
                               "diffusion_nft or naive_scaling")

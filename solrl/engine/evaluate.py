@@ -2,9 +2,10 @@
 
 The prompts are the run's `prompts.eval` set (the first `eval.prompts` of it, or its family's choice: for a
 shapes-world set a fixed, form-stratified subset) and the reward is `eval.reward` (or the run's). A scorer
-with metrics of its own gives them (`score_with_metrics`: the shapes bed's exact reward, per-attribute
-accuracies, exact matches and the reward per caption form, solrl/shapes/metrics.py); with a weighted
-multi-reward the summary holds each component's mean.
+with metrics of its own gives them and says which of them sum the evaluation up (`score_with_metrics`: the shapes
+bed's exact reward, per-attribute accuracies, exact matches and the reward per caption form, solrl/shapes/metrics.py);
+the summary and a run's records copy those as they are. With a weighted multi-reward each step count's result holds
+each component's mean.
 """
 
 from __future__ import annotations
@@ -21,25 +22,24 @@ from solrl.models.base import T2IModel
 from solrl.prompts import eval_subset
 from solrl.rewards import Scorer, build_reward
 from solrl.rewards.frames import first_frames, score_frames
-from solrl.rollout import PromptCache, SamplerSpec, generate
+from solrl.rollout.passes import PromptCache, SamplerSpec, generate
 from solrl.telemetry import image_grid, save_png
 
-_SUMMARY_KEYS = ("exact_match", "dense_mean", "dense_spearman", "relation_order_n")
+# what an evaluation summary says about itself (`evaluate`); its other fields are metrics
+_FRAMING = ("n", "steps", "reward", "prompts", "seeds_per_prompt", "results")
 
 
-def summary_metrics(result: dict[str, Any]) -> dict[str, Any]:
-    """The per-attribute accuracies, exact-match rate and dense-reward figures of one evaluation result, and
-    the mean reward of each caption form as `form_<form>` (shapes world: single, position, count, relation)."""
-    out = {k: v for k, v in result.items() if k.endswith("_accuracy") or k.startswith("form_") or k in _SUMMARY_KEYS}
-    out.update({f"form_{k}": v for k, v in result.get("by_form", {}).items()})
-    return out
+def summary_metrics(summary: dict[str, Any]) -> dict[str, Any]:
+    """The metrics of an evaluation summary (`evaluate`): its mean reward and the fields its scorer sums the
+    evaluation up with (the shapes bed's: per-attribute accuracies, exact matches, the reward of each caption form as
+    `form_<form>`, ...), whatever they are named."""
+    return {k: v for k, v in summary.items() if k not in _FRAMING}
 
 
 def eval_metrics(summary: dict[str, Any]) -> dict[str, Any]:
-    """An evaluation summary's fields of a metrics record: eval.mean_reward and eval.<summary_metrics>, as the
+    """An evaluation summary's fields of a metrics record: eval.<summary_metrics> (eval.mean_reward first), as the
     embedded loop and the services trainer both write them."""
-    return {"eval.mean_reward": summary["mean_reward"],
-            **{f"eval.{k}": v for k, v in summary_metrics(summary).items()}}
+    return {f"eval.{k}": v for k, v in summary_metrics(summary).items()}
 
 
 def eval_prompt_set(name: str, n: int) -> list[str]:
@@ -59,22 +59,21 @@ def eval_scorer(cfg: Any, run_scorer: Scorer | None = None) -> Scorer:
 
 
 def _score(scorer: Scorer, images: np.ndarray, prompts: list[str],
-           seeds_per_prompt: int = 1) -> tuple[np.ndarray, dict[str, Any]]:
-    """Total rewards and the extra summary fields the scorer can give: its own metrics where it has
-    `score_with_metrics` (solrl.rewards.Scorer), a weighted multi-reward's component means. A video model's frames
-    [B, F, H, W, 3]: the per-clip mean of the frames' rewards (solrl/rewards/frames.py)."""
-    extra: dict[str, Any] = {}
+           seeds_per_prompt: int = 1) -> tuple[np.ndarray, dict[str, Any], dict[str, Any]]:
+    """Total rewards, the extra result fields the scorer can give and the summary fields among them: its own where it
+    has `score_with_metrics` (solrl.rewards.Scorer), a weighted multi-reward's component means (no summary fields).
+    A video model's frames [B, F, H, W, 3]: the per-clip mean of the frames' rewards (solrl/rewards/frames.py)."""
     if images.ndim == 5:
-        return score_frames(scorer, images, prompts).astype(np.float64), extra
+        return score_frames(scorer, images, prompts).astype(np.float64), {}, {}
     with_metrics = getattr(scorer, "score_with_metrics", None)
     if callable(with_metrics):
         return with_metrics(images, prompts, seeds_per_prompt)
     detailed = getattr(scorer, "score_detailed", None)
     if callable(detailed):   # a weighted multi-reward: {component: [N], "total": [N]}
         parts = detailed(images, prompts)
-        extra["components"] = {k: float(np.mean(v)) for k, v in parts.items() if k != "total"}
-        return np.asarray(parts["total"], dtype=np.float64), extra
-    return np.asarray(scorer(images, prompts), dtype=np.float64), extra
+        components = {k: float(np.mean(v)) for k, v in parts.items() if k != "total"}
+        return np.asarray(parts["total"], dtype=np.float64), {"components": components}, {}
+    return np.asarray(scorer(images, prompts), dtype=np.float64), {}, {}
 
 
 def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], prompts: list[str],
@@ -89,11 +88,12 @@ def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], pr
     flat_s = [seed + i * seeds_per_prompt + j for i in range(len(prompts)) for j in range(seeds_per_prompt)]
     reward = scorer if scorer is not None else build_reward("shapes")
     results: dict[str, Any] = {}
+    summaries: dict[str, dict[str, Any]] = {}   # the scorer's summary fields of each step count
     grids: dict[int, np.ndarray] = {}
     for n_steps in steps:
         t0 = time.time()
         gen = generate(model, transformer, flat_p, flat_s, n_steps, sampler, micro_batch, cache)
-        totals, extra = _score(reward, gen.images, flat_p, seeds_per_prompt)
+        totals, extra, summaries[str(n_steps)] = _score(reward, gen.images, flat_p, seeds_per_prompt)
         res: dict[str, Any] = {"mean_reward": float(totals.mean()), "n": len(totals),
                                "sample_time_s": round(time.time() - t0, 2), **extra}
         results[str(n_steps)] = res
@@ -104,7 +104,7 @@ def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], pr
     summary = {"mean_reward": first["mean_reward"], "n": first["n"], "steps": list(steps),
                "reward": getattr(reward, "name", type(reward).__name__),
                "prompts": len(prompts), "seeds_per_prompt": seeds_per_prompt,
-               **summary_metrics(first), "results": results}
+               **summaries[str(steps[0])], "results": results}
     return summary, grids
 
 

@@ -48,7 +48,7 @@ def calibrate(sess, index: int = 0) -> dict[str, Any]:
     from solrl.models.base import compute_device
     from solrl.precision.base import layer_macs
     from solrl.precision.policy import policy_config
-    from solrl.rollout import explore, regenerate
+    from solrl.rollout.passes import explore, regenerate
     from solrl.rollout.workers import InferenceCopy
 
     cfg, r = sess.cfg, sess.cfg.rollout

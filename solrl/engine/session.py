@@ -34,7 +34,7 @@ from solrl.models.base import T2IModel
 from solrl.precision import build_backend
 from solrl.prompts import PromptSetError, load_prompt_set, prompt_sampler
 from solrl.rewards import build_reward
-from solrl.rollout import PromptCache, SamplerSpec, explore, regenerate
+from solrl.rollout.passes import PromptCache, SamplerSpec, explore, regenerate
 from solrl.rollout.strategies import KEEP_BY_BF16, RolloutStrategy, strategy
 from solrl.rollout.workers import InferenceCopy
 from solrl.telemetry import read_metrics

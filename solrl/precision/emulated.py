@@ -181,7 +181,7 @@ class NVFP4EmuLinear(EmuQuantLinear):
     Kept whole-tensor on purpose (not per sample): Transformer Engine's NVFP4 recipe takes one
     amax over the GEMM's whole input, so a row's quantization depends on the other rows of its
     batch, and emulating that is the point. Rollouts get batch-independent proxy scores by
-    batching one prompt's seeds at a time instead (`solrl.rollout.generate_by_prompt`).
+    batching one prompt's seeds at a time instead (`solrl.rollout.passes.generate_by_prompt`).
     """
 
     block_size = 16

@@ -24,8 +24,10 @@ from solrl.rewards.weights import MissingWeightsError
 
 class Scorer(Protocol):
     """A reward. A scorer may also give evaluation metrics of its own: a method
-    `score_with_metrics(images, prompts, seeds_per_prompt) -> (scores float64 [N], {field: value})`, which held-out
-    evaluation (solrl.engine.evaluate) calls instead of the scorer when it has one (the shapes bed's exact reward does)."""
+    `score_with_metrics(images, prompts, seeds_per_prompt) -> (scores float64 [N], metrics, summary)`, which held-out
+    evaluation (solrl.engine.evaluate) calls instead of the scorer when it has one (the shapes bed's exact reward does).
+    `metrics` ({field: value}) go into the evaluation's result, `summary` (flat {field: value}) sums it up: the
+    evaluation summary and a run's records (eval.<field>) copy those fields as they are."""
 
     name: str
 

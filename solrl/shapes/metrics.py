@@ -1,9 +1,9 @@
 """The bed's evaluation metrics: caption forms, per-attribute accuracies, the reward by form, relation order, what
 RL has to rank within each prompt's seeds, and the form-stratified evaluation prompts.
 
-`solrl.engine.evaluate` does not know them: it asks a scorer for its metrics (`ShapesReward.score_with_metrics`, which
-calls `reward_metrics` here) and a prompt set for its evaluation subset (`eval_prompts`, registered in
-`solrl.prompts`).
+`solrl.engine.evaluate` does not know them: it asks a scorer for its metrics and which of them sum an evaluation up
+(`ShapesReward.score_with_metrics`, which calls `reward_metrics` here) and a prompt set for its evaluation subset
+(`eval_prompts`, registered in `solrl.prompts`).
 """
 
 from __future__ import annotations
@@ -55,30 +55,33 @@ def group_stats(totals: np.ndarray, flat_prompts: list[str], seeds_per_prompt: i
 
 
 def reward_metrics(detail: list[dict[str, float]], totals: np.ndarray, images: np.ndarray, prompts: list[str],
-                 seeds_per_prompt: int = 1) -> dict[str, Any]:
+                   seeds_per_prompt: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
     """The exact reward's evaluation fields beside its mean: per-attribute accuracies, the exact-match rate, relation
     order, the dense reward on the same images and how it ranks them against the exact one, the reward by caption
-    form, and (several seeds per prompt, consecutive) `group_stats` by form."""
-    extra: dict[str, Any] = {}
+    form, and (several seeds per prompt, consecutive) `group_stats` by form. Returns (metrics, summary): those
+    fields, and the ones that sum the evaluation up (a run's records, eval.<field>): all but the two by-form tables,
+    and the reward of each form as form_<form>."""
+    flat: dict[str, Any] = {}
     for a in ATTRIBUTES:
         vals = [d[a] for d in detail if not math.isnan(d[a])]
-        extra[f"{a}_accuracy"] = float(np.mean(vals)) if vals else None
-    extra["exact_match"] = float(np.mean(totals >= 0.999))
-    extra["relation_order_accuracy"], extra["relation_order_n"] = relation_order(detail, prompts)
+        flat[f"{a}_accuracy"] = float(np.mean(vals)) if vals else None
+    flat["exact_match"] = float(np.mean(totals >= 0.999))
+    flat["relation_order_accuracy"], flat["relation_order_n"] = relation_order(detail, prompts)
     # the dense training reward on the same images, and how it ranks them against the exact one
     from scipy.stats import spearmanr
 
     dense = ShapesDenseReward()(images, prompts).astype(np.float64)
-    extra["dense_mean"] = float(dense.mean())
+    flat["dense_mean"] = float(dense.mean())
     rho = spearmanr(dense, totals).statistic if len(totals) > 2 and np.ptp(totals) > 0 else float("nan")
-    extra["dense_spearman"] = None if np.isnan(rho) else float(rho)
+    flat["dense_spearman"] = None if np.isnan(rho) else float(rho)
     forms: dict[str, list[float]] = {}
     for p, t in zip(prompts, totals):
         forms.setdefault(caption_form(p), []).append(float(t))
-    extra["by_form"] = {k: float(np.mean(v)) for k, v in sorted(forms.items())}
+    by_form = {k: float(np.mean(v)) for k, v in sorted(forms.items())}
+    metrics = {**flat, "by_form": by_form}
     if seeds_per_prompt > 1:
-        extra["groups_by_form"] = group_stats(totals, prompts, seeds_per_prompt)
-    return extra
+        metrics["groups_by_form"] = group_stats(totals, prompts, seeds_per_prompt)
+    return metrics, {**flat, **{f"form_{k}": v for k, v in by_form.items()}}
 
 
 def eval_prompts(n: int, held: list[str] | None = None) -> list[str]:

@@ -107,7 +107,7 @@ def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
     the CPU (a copy when the model trains elsewhere), as the rollouts that use the bundled model are, unless
     `track_on_device` (the sampling state stays on the CPU; the forwards run where the model trains)."""
     from solrl.engine.evaluate import evaluate, summary_metrics
-    from solrl.rollout import SamplerSpec
+    from solrl.rollout.passes import SamplerSpec
     from solrl.shapes.metrics import eval_prompts
 
     if cfg.device != "cpu" and not cfg.track_on_device:
@@ -121,8 +121,7 @@ def track(model: ShapesModel, cfg: PretrainConfig) -> dict:
     for split, prompts, guidance in splits:
         summary, _ = evaluate(model, model.transformer, (cfg.eval_steps,), prompts, 1, seed=1000,
                               sampler=SamplerSpec(guidance=guidance))
-        res = summary["results"][str(cfg.eval_steps)]
-        keep = {"mean_reward": res["mean_reward"], **summary_metrics(res)}
+        keep = summary_metrics(summary)
         out[split] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in keep.items()}
     return out
 

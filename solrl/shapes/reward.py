@@ -113,10 +113,12 @@ class ShapesReward:
         return np.array([d["total"] for d in self.score_detailed(images, prompts)], dtype=np.float32)
 
     def score_with_metrics(self, images: np.ndarray, prompts: list[str],
-                           seeds_per_prompt: int = 1) -> tuple[np.ndarray, dict[str, Any]]:
-        """The totals (float64) and the bed's evaluation metrics on them (`solrl.shapes.metrics.reward_metrics`): what
-        `solrl.engine.evaluate` asks a scorer for. `seeds_per_prompt`: consecutive images that are one prompt's seeds."""
+                           seeds_per_prompt: int = 1) -> tuple[np.ndarray, dict[str, Any], dict[str, Any]]:
+        """The totals (float64), the bed's evaluation metrics on them and the summary fields among them
+        (`solrl.shapes.metrics.reward_metrics`): what `solrl.engine.evaluate` asks a scorer for. `seeds_per_prompt`:
+        consecutive images that are one prompt's seeds."""
         detail = self.score_detailed(images, prompts)
         totals = np.array([d["total"] for d in detail])
-        return totals, reward_metrics(detail, totals, images, prompts, seeds_per_prompt)
+        metrics, summary = reward_metrics(detail, totals, images, prompts, seeds_per_prompt)
+        return totals, metrics, summary
 
