@@ -42,6 +42,7 @@ from prometheus_client import Counter, Gauge
 from starlette.concurrency import run_in_threadpool
 from torch import Tensor, nn
 
+from services.common.adapter_headers import SHA256_HEADER, VERSION_HEADER
 from services.common.args import DEFAULT_MAX_ADAPTER_BYTES
 from services.common.auth import refusal
 from services.common.bodies import read_body
@@ -56,9 +57,6 @@ from solrl.precision import PrecisionConfig, build_backend
 from solrl.precision.base import allow_tf32, replace_module, with_model_skips
 
 log = logging.getLogger(__name__)
-
-VERSION_HEADER = "X-Adapter-Version"
-SHA256_HEADER = "X-Adapter-Sha256"
 
 # reason -> (HTTP status, gRPC status code)
 REJECTIONS: dict[str, tuple[int, grpc.StatusCode]] = {
