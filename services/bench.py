@@ -60,9 +60,10 @@ def _run_inproc(cfg, sets: list[str], run_dir: Path, ns: str, explorers: int) ->
     gRPC ports, their Redis stream workers, and the trainer's driver pushing adapters with LoadAdapter."""
     from services.common.metrics import ServiceMetrics
     from services.common.rollout_plane import build_scorer
-    from services.common.workers import explorer_worker, regenerator_worker
+    from services.explorer.consumer import explorer_worker
     from services.explorer.dataplane import ExplorerDataPlane
     from services.explorer.server import start as start_explorer
+    from services.regenerator.consumer import regenerator_worker
     from services.regenerator.dataplane import RegeneratorDataPlane
     from services.regenerator.server import start as start_regenerator
     from services.reward.dataplane import RewardDataPlane

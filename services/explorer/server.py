@@ -43,6 +43,7 @@ from services.explorer.args import (  # noqa: F401 (the options live there, ligh
     DEFAULT_HTTP_PORT,
     add_arguments,
 )
+from services.explorer.consumer import explorer_worker
 from services.explorer.dataplane import (
     JOB_FIELDS,
     OPTIONAL_INPUTS,
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     """Serve until SIGTERM / SIGINT (or until `stop` is set)."""
     return run_rollout_role("explorer", args, stop, environ, start, lambda model, lora, scorer: ExplorerDataPlane(
         model, PrecisionConfig(args.precision), lora, scorer, steps=args.steps, kept=args.kept,
-        selection=args.selection, micro_batch=args.micro_batch, version_wait_s=args.version_wait_s))
+        selection=args.selection, micro_batch=args.micro_batch, version_wait_s=args.version_wait_s), explorer_worker)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -38,6 +38,7 @@ from services.regenerator.args import (  # noqa: F401 (the options live there, l
     DEFAULT_HTTP_PORT,
     add_arguments,
 )
+from services.regenerator.consumer import regenerator_worker
 from services.regenerator.dataplane import RegeneratorDataPlane
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.regenerator.v1 import regenerator_pb2, regenerator_pb2_grpc
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     """Serve until SIGTERM / SIGINT (or until `stop` is set)."""
     return run_rollout_role("regenerator", args, stop, environ, start, lambda model, lora, scorer: RegeneratorDataPlane(
         model, PrecisionConfig(args.precision), lora, scorer, steps=args.steps, micro_batch=args.micro_batch,
-        version_wait_s=args.version_wait_s))
+        version_wait_s=args.version_wait_s), regenerator_worker)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
