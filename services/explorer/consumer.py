@@ -1,14 +1,14 @@
 """The explorer's stream consumer (the distributed loop): ExploreJob messages from the stream "explore"
 (group "explorers") -> one SeedSelection each on "regenerate" (key: the job id). The consuming, publishing and
-acking are services.common.workers.StreamWorker's."""
+acking are services.rollout.consumers.StreamWorker's."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.common.rollout_plane import resolve_sampler
-from services.common.workers import Results, StreamWorker
 from services.explorer.dataplane import JOB_FIELDS, ExplorerDataPlane
+from services.rollout.consumers import Results, StreamWorker
+from services.rollout.plane import resolve_sampler
 from solrl.engine.queue_loop import GROUP_EXPLORERS, STREAM_EXPLORE, STREAM_REGENERATE
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.queue import Queue

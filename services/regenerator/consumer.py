@@ -1,15 +1,15 @@
 """The regenerator's stream consumer (the distributed loop): SeedSelection messages from the stream
 "regenerate" (group "regenerators") -> one Rollout per kept seed on "rollouts" (key: job_id:position among the
-kept). The consuming, publishing and acking are services.common.workers.StreamWorker's."""
+kept). The consuming, publishing and acking are services.rollout.consumers.StreamWorker's."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.common.rollout_plane import resolve_sampler, sde_rollout_fields
 from services.common.tensors import torch_to_tensor
-from services.common.workers import Results, StreamWorker
 from services.regenerator.dataplane import RegeneratorDataPlane
+from services.rollout.consumers import Results, StreamWorker
+from services.rollout.plane import resolve_sampler, sde_rollout_fields
 from solrl.engine.queue_loop import GROUP_REGENERATORS, STREAM_REGENERATE, STREAM_ROLLOUTS, rollout_key
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.queue import Queue

@@ -14,21 +14,17 @@ from typing import Any
 import grpc
 import torch
 
-from services.common.adapter_reload import (
-    ENV_ADAPTER_TOKEN,
-    AdapterEndpoint,
-    AdapterFetcher,
-    HotSwapModel,
-)
 from services.common.args import add_model_arguments  # noqa: F401 (re-exported: the options live there, light)
 from services.common.auth import read_data_token
-from services.common.env import ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, split_overrides
+from services.common.env import ENV_ADAPTER_TOKEN, ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, split_overrides
 from services.common.grpc_server import GrpcServer
 from services.common.lifecycle import RunningService, serve_until_stopped
 from services.common.metrics import ServiceMetrics
 from services.common.ops import HttpServer, create_ops_app
-from services.common.rollout_plane import build_scorer
-from services.common.workers import StreamWorker, start_consumer
+from services.rollout.adapter_endpoint import AdapterEndpoint, AdapterFetcher
+from services.rollout.consumers import StreamWorker, start_consumer
+from services.rollout.hot_swap import HotSwapModel
+from services.rollout.plane import build_scorer
 from solrl.adapters import LoraSpec
 from solrl.config import REWARD_FRAMES, VIDEO_MODELS, ConfigError, resolve
 from solrl.models import available_models, load_model
