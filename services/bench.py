@@ -59,14 +59,15 @@ def _run_inproc(cfg, sets: list[str], run_dir: Path, ns: str, explorers: int) ->
     """The distributed run in this process: the reward, explorer(s) and regenerator services on loopback
     gRPC ports, their Redis stream workers, and the trainer's driver pushing adapters with LoadAdapter."""
     from services.common.metrics import ServiceMetrics
-    from services.common.rollout_plane import build_scorer
-    from services.common.workers import explorer_worker, regenerator_worker
+    from services.explorer.consumer import explorer_worker
     from services.explorer.dataplane import ExplorerDataPlane
     from services.explorer.server import start as start_explorer
+    from services.regenerator.consumer import regenerator_worker
     from services.regenerator.dataplane import RegeneratorDataPlane
     from services.regenerator.server import start as start_regenerator
     from services.reward.dataplane import RewardDataPlane
     from services.reward.server import start as start_reward
+    from services.rollout.plane import build_scorer
     from services.trainer.server import AdapterPusher
     from solrl.adapters import LoraSpec
     from solrl.engine.queue_loop import run_distributed

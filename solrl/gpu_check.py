@@ -499,7 +499,7 @@ def reload_section(setup: Setup, budget: Budget, share_s: float, models: tuple[s
             except ImportError as err:   # the services' dependencies are not installed: the same merge + requantize
                 HotSwapModel, via = None, f"backend.requantize of merge_lora ({error_text(err)})"
             else:
-                via = "services.common.adapter_reload.HotSwapModel.load"
+                via = "services.rollout.hot_swap.HotSwapModel.load"
             pushes = []
             kwargs = inputs(name, setup, setup.micro_batch)
             if HotSwapModel is not None:

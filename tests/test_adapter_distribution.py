@@ -17,11 +17,11 @@ import httpx
 import pytest
 import torch
 
-from services.common.adapter_reload import AdapterFetcher
 from services.common.metrics import ServiceMetrics
 from services.common.ops import HttpServer, create_ops_app
 from services.explorer.dataplane import ExplorerDataPlane
 from services.explorer.server import start
+from services.rollout.adapter_endpoint import AdapterFetcher
 from services.trainer.server import AdapterPusher, check_workers, mount_current_adapter
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter, sha256_hex
 from solrl.config import apply_overrides, get_preset

@@ -61,7 +61,6 @@ def test_the_static_choice_lists_match_the_registries() -> None:
 
 def test_the_services_use_the_light_modules_options_and_names() -> None:
     """The options and names moved to the light modules are still importable from where they were."""
-    from services.common import adapter_reload, rollout_plane, rollout_shell, workers
     from services.common.args import (
         DEFAULT_MAX_ADAPTER_BYTES,
         DEFAULT_NAMESPACE,
@@ -71,6 +70,10 @@ def test_the_services_use_the_light_modules_options_and_names() -> None:
     from services.common.env import ENV_ADAPTER_TOKEN, ENV_QUEUE_NAMESPACE, ENV_REDIS_URL, ENV_REWARD_ADDR
     from services.explorer import args as explorer_args
     from services.explorer import server as explorer_server
+    from services.rollout import adapter_endpoint as adapter_reload
+    from services.rollout import consumers as workers
+    from services.rollout import plane as rollout_plane
+    from services.rollout import shell as rollout_shell
     from services.trainer import args as trainer_args
     from services.trainer import server as trainer_server
 

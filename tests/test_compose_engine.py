@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.common.adapter_reload import ENV_ADAPTER_TOKEN
+from services.common.env import ENV_ADAPTER_TOKEN
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_FILE = "docker-compose.cpu.yml"

@@ -29,26 +29,24 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.common.adapter_reload import ENV_ADAPTER_TOKEN
+from services.common.args import DEFAULT_NAMESPACE
 from services.common.env import (
+    ENV_ADAPTER_TOKEN,
     ENV_DATA_TOKEN,
     ENV_GRPC_PORT,
     ENV_HOST,
     ENV_HTTP_PORT,
     ENV_QUEUE_KEY,
-    ENV_REDIS_PASSWORD,
-)
-from services.common.rollout_plane import ENV_REWARD_ADDR
-from services.common.rollout_shell import run_rollout_role
-from services.common.workers import (
-    DEFAULT_NAMESPACE,
     ENV_QUEUE_NAMESPACE,
+    ENV_REDIS_PASSWORD,
     ENV_REDIS_URL,
+    ENV_REWARD_ADDR,
 )
 from services.explorer import server as explorer_server
 from services.regenerator import server as regenerator_server
 from services.reward import server as reward_server
 from services.reward.args import DEFAULT_REWARDS
+from services.rollout.shell import run_rollout_role
 from services.trainer import server as trainer_server
 from solrl.engine.queue_loop import GROUP_EXPLORERS, STREAM_EXPLORE
 from solrl.models import ENV_CUDA_STANDIN
@@ -1136,7 +1134,7 @@ def _role_settings(role: str, args: list[str], env: dict[str, str], files: dict[
 
     import torch
 
-    from services.common.rollout_shell import settle_role_args
+    from services.rollout.shell import settle_role_args
 
     args = [str(files.get(a, a)) for a in args]
     parser = argparse.ArgumentParser()

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from services.common.metrics import ServiceMetrics, TrainingMetrics
-from services.common.workers import explorer_worker, regenerate_handler, regenerator_worker
+from services.explorer.consumer import explorer_worker
 from services.explorer.dataplane import ExplorerDataPlane
+from services.regenerator.consumer import regenerate_handler, regenerator_worker
 from services.regenerator.dataplane import RegeneratorDataPlane
 from solrl.adapters import LoraSpec
 from solrl.config import apply_overrides, get_preset

@@ -2,7 +2,7 @@
 
 Scans README.md, docs/, benchmarks/results/, the services' READMEs and the bundled model's card for
 references to repository files: paths under a top-level folder of the repository (`docs/method.md`,
-`services/common/workers.py`), top-level document names (`README.md`, `METHOD.md`), module paths
+`services/rollout/consumers.py`), top-level document names (`README.md`, `METHOD.md`), module paths
 under solrl/ (`algo/nft.py`) and, in benchmarks/results, sibling files (`rollout.md`). Each must exist,
 or be git-ignored (a file the user creates or a run writes, e.g. the b200 overlay's token file).
 Run outputs (`metrics.jsonl`) and other projects' files (`flow_grpo/ocr.py`) are not repository paths

@@ -616,8 +616,8 @@ def test_rollout_roles_take_their_settings_from_the_run_config():
     trains and what each rollout service serves; explicit flags win; bad input names the variable."""
     import argparse
 
-    from services.common.rollout_shell import settle_role_args
     from services.regenerator import server as regenerator_server
+    from services.rollout.shell import settle_role_args
     from solrl.config import resolve
 
     env = {"SOLRL_PRESET": "shapes-sol-rl",

@@ -18,7 +18,8 @@ from test_distributed import TINY as DIST_TINY
 from test_distributed import model_dir, planes, queue  # noqa: F401  (fixtures)
 from test_loop import random_model_dir, tiny_cfg  # noqa: F401  (a module-scoped fixture)
 
-from services.common.workers import explorer_worker, regenerator_worker
+from services.explorer.consumer import explorer_worker
+from services.regenerator.consumer import regenerator_worker
 from solrl.algo import flow_grpo_loss, mean_kl, threshold_groups
 from solrl.config import ConfigError, apply_overrides, get_preset
 from solrl.engine import data_parallel as ddp

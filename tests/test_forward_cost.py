@@ -293,7 +293,7 @@ def test_the_rollout_services_take_model_compile_from_the_run():
     import argparse
 
     from services.common.args import add_model_arguments
-    from services.common.rollout_shell import load_served_model, settle_role_args
+    from services.rollout.shell import load_served_model, settle_role_args
     from solrl.config import ConfigError
 
     def settled(*argv: str) -> argparse.Namespace:

@@ -121,7 +121,7 @@ def test_reload_without_the_services_dependencies_merges_through_the_backend(mon
     """Where the services cannot be imported (a bare GPU image), the reload is the same merge + re-quantize."""
     import torch
 
-    monkeypatch.setitem(sys.modules, "services.common.adapter_reload", None)   # import raises ImportError
+    monkeypatch.setitem(sys.modules, "services.rollout.hot_swap", None)   # import raises ImportError
     setup = gpu_check.Setup(tiny=True, device=torch.device("cpu"), dtype=torch.float32, micro_batch=1, repeats=1,
                             compile_backend="eager")
     r = gpu_check.reload_section(setup, gpu_check.Budget(120), 120, ("sd3.5-large",), None)

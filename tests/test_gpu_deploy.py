@@ -47,10 +47,18 @@ from test_deploy import (
     trainer_entry,
 )
 
-from services.common.adapter_reload import ENV_ADAPTER_TOKEN
-from services.common.env import ENV_DATA_TOKEN, ENV_GRPC_PORT, ENV_HOST, ENV_HTTP_PORT, ENV_QUEUE_KEY, ENV_REDIS_PASSWORD
-from services.common.rollout_plane import ENV_REWARD_ADDR
-from services.common.workers import ENV_QUEUE_NAMESPACE, ENV_REDIS_URL
+from services.common.env import (
+    ENV_ADAPTER_TOKEN,
+    ENV_DATA_TOKEN,
+    ENV_GRPC_PORT,
+    ENV_HOST,
+    ENV_HTTP_PORT,
+    ENV_QUEUE_KEY,
+    ENV_QUEUE_NAMESPACE,
+    ENV_REDIS_PASSWORD,
+    ENV_REDIS_URL,
+    ENV_REWARD_ADDR,
+)
 from services.trainer import server as trainer_server
 from solrl.models import ENV_CUDA_STANDIN
 

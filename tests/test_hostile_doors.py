@@ -37,9 +37,9 @@ from tritonclient.utils import InferenceServerException
 from services.common.bodies import read_body
 from services.common.grpc_server import MAX_GRPC_MESSAGE_SIZE
 from services.common.ops import HttpServer
-from services.common.rollout_plane import RemoteScorer
 from services.common.tensors import numpy_to_tensor
 from services.kserve.http import _error
+from services.rollout.plane import RemoteScorer
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[1]

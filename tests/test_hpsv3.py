@@ -28,7 +28,7 @@ import tritonclient.grpc as tgrpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common.errors import NotFoundError
-from services.common.rollout_plane import RemoteScorer
+from services.rollout.plane import RemoteScorer
 from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
 from solrl.rewards import build_reward, reward_info
 from solrl.rewards.frames import score_frames

@@ -74,6 +74,35 @@ def test_a_core_module_importing_the_shapes_bed_breaks_the_layers(copy: Path) ->
     assert "solrl.engine.evaluate -> solrl.shapes.metrics" in r.stdout
 
 
+def test_the_plumbing_importing_a_role_breaks_the_services_layers(copy: Path) -> None:
+    # the shared plumbing reaching up into a role (as the stream workers once imported the roles' data planes)
+    _add_import(copy / "services" / "common" / "errors.py", "import services.explorer.dataplane  # noqa: F401")
+    r = lint(copy)
+    assert r.returncode != 0
+    assert "the services' layers BROKEN" in r.stdout
+    assert "services.common is not allowed to import services.explorer" in r.stdout
+    assert "services.common.errors -> services.explorer.dataplane" in r.stdout
+
+
+def test_a_role_importing_another_role_breaks_the_services_layers(copy: Path) -> None:
+    # the explorer borrowing the regenerator's code instead of what services/rollout shares
+    _add_import(copy / "services" / "explorer" / "dataplane.py", "import services.regenerator.dataplane  # noqa: F401")
+    r = lint(copy)
+    assert r.returncode != 0
+    assert "the services' layers BROKEN" in r.stdout
+    assert "services.explorer is not allowed to import services.regenerator" in r.stdout
+    assert "services.explorer.dataplane -> services.regenerator.dataplane" in r.stdout
+
+
+def test_the_trainer_importing_the_rollout_package_breaks_its_contract(copy: Path) -> None:
+    # the trainer taking the adapter headers from the rollout services' endpoint instead of services/common
+    _add_import(copy / "services" / "trainer" / "server.py", "import services.rollout.adapter_endpoint  # noqa: F401")
+    r = lint(copy)
+    assert r.returncode != 0
+    assert "only the rollout roles use services.rollout BROKEN" in r.stdout
+    assert "services.trainer.server -> services.rollout.adapter_endpoint" in r.stdout
+
+
 def test_the_core_reaches_the_shapes_bed_only_through_its_registries() -> None:
     """Importing the core loads nothing of solrl.shapes; the registries name the bed and import it when used."""
     core = ("solrl.config", "solrl.prompts", "solrl.models", "solrl.rewards", "solrl.engine.evaluate",

@@ -16,9 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 from test_deploy import OVERLAYS, container_env, containers, k8s_copy, kustomize
 
-from services.common.env import ENV_TRAINER_URL
-from services.common.rollout_plane import ENV_REWARD_ADDR
-from services.common.workers import ENV_REDIS_URL
+from services.common.env import ENV_REDIS_URL, ENV_REWARD_ADDR, ENV_TRAINER_URL
 from services.trainer import server as trainer_server
 
 NAMESPACE = "solrl"

@@ -3,7 +3,7 @@
 A one-layer shapes model (seeded, saved and loaded through the registry) keeps every call cheap. Expected
 results come from the core: `solrl.rollout.passes.regenerate` on a BF16 `InferenceCopy` synced with the same
 adapter, merged by peft-backed `LoraAdapters`. The explorer's tests cover the hot-reload door in depth
-(the same services.common.adapter_reload code); here it is checked as the regenerator mounts it.
+(the same services.rollout.adapter_endpoint code); here it is checked as the regenerator mounts it.
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ def test_command_line_serves_the_saved_model(world):
     args = p.parse_args(["--model-path", str(world.path), "--lora-rank", "2", "--lora-alpha", "4", "--reward",
                          "jpeg_compressibility", "--base-precision", "fp32", "--grpc-port", str(ports[0]),
                          "--http-port", str(ports[1])])
-    from services.common.rollout_shell import settle_role_args
+    from services.rollout.shell import settle_role_args
 
     assert (args.precision, args.steps, args.host) == (None, None, "127.0.0.1")   # unset: settled at start
     assert (settle_role_args(argparse.Namespace(**vars(args)), "regenerator").precision,) == ("bf16",)
@@ -296,7 +296,7 @@ def test_command_line_serves_the_saved_model(world):
 def test_the_regenerator_holds_one_base_and_pushes_add_only_the_lora(world):
     """The bf16 regenerator serves the model it was given, rounded in place (no second copy of the base);
     a push adds only the fp32 LoRA layers, the next push reuses them, and the output stays the core's."""
-    from services.common.adapter_reload import HotSwapModel, storages
+    from services.rollout.hot_swap import HotSwapModel, storages
 
     given = world.served_model().transformer
     hot = HotSwapModel(given, world.lora, PRECISION)

@@ -28,10 +28,11 @@ from diffusers import PixArtTransformer2DModel, WanTransformer3DModel
 from torch import nn
 from transformers import CLIPTextModel
 
-from services.common.adapter_reload import AdapterEndpoint, AdapterRejected, HotSwapModel, adapter_cap, storages
 from services.common.metrics import ServiceMetrics
 from services.explorer.dataplane import ExplorerDataPlane
 from services.explorer.server import start
+from services.rollout.adapter_endpoint import AdapterEndpoint
+from services.rollout.hot_swap import AdapterRejected, HotSwapModel, adapter_cap, storages
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter, sha256_hex
 from solrl.adapters.merge import lora_layout, merge_lora, target_weights
 from solrl.models.wan import WAN22_T2V_A14B, WanExperts

@@ -20,15 +20,12 @@ import numpy as np
 import pytest
 import torch
 
-from services.common.adapter_reload import (
-    AdapterEndpoint,
-    AdapterRejected,
-    HotSwapModel,
-)
 from services.common.grpc_server import DEFAULT_MAX_RECEIVE_BYTES, MAX_GRPC_MESSAGE_SIZE
 from services.common.tensors import numpy_to_tensor
 from services.reward.dataplane import RewardDataPlane
 from services.reward.server import build_server
+from services.rollout.adapter_endpoint import AdapterEndpoint
+from services.rollout.hot_swap import AdapterRejected, HotSwapModel
 from solrl.adapters import LoraAdapters, LoraSpec, encode_adapter, sha256_hex
 from solrl.engine.checkpoint import load_checkpoint, save_checkpoint
 from solrl.models import load_model

@@ -21,7 +21,8 @@ from test_flow_grpo import RATIO_TOL
 from test_loop import random_model_dir, tiny_cfg  # noqa: F401  (a module-scoped fixture)
 
 from services.common.metrics import ServiceMetrics, TrainingMetrics
-from services.common.workers import explorer_worker, regenerator_worker
+from services.explorer.consumer import explorer_worker
+from services.regenerator.consumer import regenerator_worker
 from solrl.config import ConfigError, RunConfig, apply_overrides, get_preset
 from solrl.engine.checkpoint import latest_checkpoint, load_adapters
 from solrl.engine.loop import train

@@ -23,8 +23,9 @@ import pytest
 from test_ddp import ATOL, GRAD_NORM_RTOL, _max_diff
 from test_distributed import REDIS, TINY, model_dir, planes, tiny_cfg  # noqa: F401  (a module-scoped fixture)
 
-from services.common.adapter_reload import AdapterFetcher
-from services.common.workers import explorer_worker, regenerator_worker
+from services.explorer.consumer import explorer_worker
+from services.regenerator.consumer import regenerator_worker
+from services.rollout.adapter_endpoint import AdapterFetcher
 from solrl.queue import QueueConfig, build_queue
 from solrl.telemetry import read_metrics
 

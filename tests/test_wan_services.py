@@ -32,11 +32,11 @@ from test_wan import FAMILY, FRAMES, SIDE, TINY_RUN
 
 import solrl.engine.session
 from services.common.metrics import ServiceMetrics
-from services.common.rollout_shell import load_served_model, settle_role_args
 from services.explorer import server as explorer_server
 from services.explorer.dataplane import ExplorerDataPlane
 from services.regenerator import server as regenerator_server
 from services.regenerator.dataplane import RegeneratorDataPlane
+from services.rollout.shell import load_served_model, settle_role_args
 from services.trainer import server as trainer_server
 from solrl.adapters import encode_adapter, sha256_hex
 from solrl.config import ConfigError, apply_overrides, get_preset
@@ -405,7 +405,7 @@ def test_the_reward_service_scores_clips_as_the_mean_over_their_frames(reward_se
 def test_a_remote_scorer_splits_what_is_over_the_request_limit(reward_service):
     """Every frame of a clip scored over gRPC (reward_frames=mean at Wan's own clips: 32 clips x 121 frames at
     704x1280 are 10 GB) goes in slices within the reward service's tensor limit; the scores are the one call's."""
-    from services.common.rollout_plane import RemoteScorer
+    from services.rollout.plane import RemoteScorer
 
     images = np.random.default_rng(1).integers(0, 256, size=(7, 16, 16, 3), dtype=np.uint8)
     prompts = [f"prompt {i}" for i in range(7)]

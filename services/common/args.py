@@ -24,12 +24,12 @@ from solrl.precision.config import BACKEND_NAMES
 from solrl.queue.base import QueueConfig
 
 # the largest adapter a rollout service accepts (LoadAdapter, PUT, fetch); 0: derived at start from the served
-# model's LoRA layout (services.common.adapter_reload.adapter_cap), so a Wan2.2 A14B rank-32 adapter fits
+# model's LoRA layout (services.rollout.hot_swap.adapter_cap), so a Wan2.2 A14B rank-32 adapter fits
 DEFAULT_MAX_ADAPTER_BYTES = 0
 # What one request may hold, per door (--max-request-bytes), sized from the largest request a run sends:
 # - reward: one batch of the largest images, 64 (the default --max-batch and rollout micro-batch) x 1024 x 1024
 #   x 3 uint8 = 192 MiB; 256 MiB leaves a third on top. A bigger batch (a video run scoring every frame of its
-#   clips) is split by the client, services.common.rollout_plane.RemoteScorer, into requests within it.
+#   clips) is split by the client, services.rollout.plane.RemoteScorer, into requests within it.
 # - explorer, regenerator: one call is at most max_seeds = 4096 samples: 4096 int64 seeds (32 KiB) and at most one
 #   prompt each, 4 MiB at 1 KiB a prompt; 8 MiB is twice that. (Their gRPC port also takes LoadAdapter pushes,
 #   so it receives up to --max-adapter-bytes.)
@@ -44,7 +44,7 @@ DEFAULT_NAMESPACE = "solrl:default"    # the work queue's key namespace
 def add_model_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str], *, precision: str,
                         steps: int, grpc_port: int, http_port: int) -> None:
     """Options shared by the explorer and the regenerator. Model, precisions, reward and sampling
-    defaults left unset come from the run config (services.common.rollout_shell.settle_role_args)."""
+    defaults left unset come from the run config (services.rollout.shell.settle_role_args)."""
     addr = Addresses.from_env(environ, grpc_port=grpc_port, http_port=http_port)
     p.set_defaults(role_defaults={"model": "shapes", "model_path": None, "base_precision": "bf16",
                                   "reward": "shapes", "micro_batch": 64, "precision": precision, "steps": steps,

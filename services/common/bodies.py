@@ -2,7 +2,7 @@
 is read as a stream and refused as soon as it passes the limit, and a gzip / deflate body is decompressed
 as a stream with the limit on what it decompresses to (a few KiB of gzip can stand for GiBs of zeros).
 
-Shared by the REST doors (services.kserve.http) and the adapter pushes (services.common.adapter_reload).
+Shared by the REST doors (services.kserve.http) and the adapter pushes (services.rollout.adapter_endpoint).
 Written by hand over zlib's `decompressobj(...).decompress(data, max_length)`: Starlette and uvicorn
 decompress no request bodies, and the decoders of HTTP clients (httpx, urllib3) are for responses.
 """

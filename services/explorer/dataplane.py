@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from services.common.errors import NotFoundError
-from services.common.rollout_plane import (  # noqa: F401 (re-exported for callers of this module)
+from services.kserve.tensors import MODEL_VERSION, PLATFORM, ModelMetadata, TensorSpec
+from services.rollout.plane import (  # noqa: F401 (re-exported for callers of this module)
     ENV_REWARD_ADDR,
     ODE_SOLVERS,
     RemoteScorer,
@@ -32,7 +33,6 @@ from services.common.rollout_plane import (  # noqa: F401 (re-exported for calle
     default_sampler,
     resolve_sampler,
 )
-from services.kserve.tensors import MODEL_VERSION, PLATFORM, ModelMetadata, TensorSpec
 from solrl.adapters import LoraSpec
 from solrl.algo.selection import SELECTION_MODES
 from solrl.models.base import T2IModel

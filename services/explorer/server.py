@@ -11,7 +11,7 @@ Run: `python -m services.explorer.server [--model shapes] [--precision nvfp4-emu
 token comes only from SOLRL_ADAPTER_TOKEN, the optional data token both doors then require, and the reward
 client sends, only from SOLRL_DATA_TOKEN). Each handler converts the request, makes one data-plane
 call and converts the result; errors map to status codes in services.common.grpc_server.ErrorInterceptor,
-adapter refusals in services.common.adapter_reload.REJECTIONS.
+adapter refusals in services.rollout.hot_swap.REJECTIONS.
 """
 
 from __future__ import annotations
@@ -24,11 +24,7 @@ from collections.abc import Mapping, Sequence
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from services.common.adapter_reload import (
-    DEFAULT_MAX_ADAPTER_BYTES,
-    AdapterEndpoint,
-)
-from services.common.args import DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, MESSAGE_MARGIN
+from services.common.args import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, MESSAGE_MARGIN
 from services.common.grpc_server import (
     GrpcServer,
     GrpcService,
@@ -37,12 +33,12 @@ from services.common.grpc_server import (
 )
 from services.common.lifecycle import run_main
 from services.common.metrics import ServiceMetrics
-from services.common.rollout_shell import RolloutRPCs, RolloutService, run_rollout_role, serve
 from services.explorer.args import (  # noqa: F401 (the options live there, light; re-exported here)
     DEFAULT_GRPC_PORT,
     DEFAULT_HTTP_PORT,
     add_arguments,
 )
+from services.explorer.consumer import explorer_worker
 from services.explorer.dataplane import (
     JOB_FIELDS,
     OPTIONAL_INPUTS,
@@ -51,6 +47,8 @@ from services.explorer.dataplane import (
 )
 from services.kserve.grpc import InferenceServicer
 from services.kserve.http import mount_kserve_http
+from services.rollout.adapter_endpoint import AdapterEndpoint
+from services.rollout.shell import RolloutRPCs, RolloutService, run_rollout_role, serve
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
 from solrl.precision import PrecisionConfig
@@ -132,7 +130,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     """Serve until SIGTERM / SIGINT (or until `stop` is set)."""
     return run_rollout_role("explorer", args, stop, environ, start, lambda model, lora, scorer: ExplorerDataPlane(
         model, PrecisionConfig(args.precision), lora, scorer, steps=args.steps, kept=args.kept,
-        selection=args.selection, micro_batch=args.micro_batch, version_wait_s=args.version_wait_s))
+        selection=args.selection, micro_batch=args.micro_batch, version_wait_s=args.version_wait_s), explorer_worker)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from services.common.rollout_plane import (
+from services.rollout.plane import (
     RolloutPlane,
     check_int,
     check_prompts,

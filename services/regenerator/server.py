@@ -8,7 +8,7 @@ Run: `python -m services.regenerator.server [--model shapes] [--precision bf16] 
 (SOLRL_BIND_HOST, SOLRL_GRPC_PORT, SOLRL_HTTP_PORT, SOLRL_REWARD_ADDR give defaults; the adapter
 token comes only from SOLRL_ADAPTER_TOKEN, the optional data token Regenerate then requires, and the reward
 client sends, only from SOLRL_DATA_TOKEN). The serving plumbing and the options it shares with
-the explorer live in services.common.rollout_shell and services.common.rollout_plane.
+the explorer live in services.rollout.shell and services.rollout.plane.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from collections.abc import Mapping, Sequence
 
 import grpc
 
-from services.common.adapter_reload import DEFAULT_MAX_ADAPTER_BYTES, AdapterEndpoint
-from services.common.args import DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, MESSAGE_MARGIN
+from services.common.args import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, MESSAGE_MARGIN
 from services.common.grpc_server import (
     GrpcServer,
     GrpcService,
@@ -30,15 +29,17 @@ from services.common.grpc_server import (
 )
 from services.common.lifecycle import run_main
 from services.common.metrics import ServiceMetrics
-from services.common.rollout_plane import resolve_sampler, sde_rollout_fields
-from services.common.rollout_shell import RolloutRPCs, RolloutService, run_rollout_role, serve
 from services.common.tensors import numpy_to_tensor, torch_to_tensor
 from services.regenerator.args import (  # noqa: F401 (the options live there, light; re-exported here)
     DEFAULT_GRPC_PORT,
     DEFAULT_HTTP_PORT,
     add_arguments,
 )
+from services.regenerator.consumer import regenerator_worker
 from services.regenerator.dataplane import RegeneratorDataPlane
+from services.rollout.adapter_endpoint import AdapterEndpoint
+from services.rollout.plane import resolve_sampler, sde_rollout_fields
+from services.rollout.shell import RolloutRPCs, RolloutService, run_rollout_role, serve
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.pb.solrl.regenerator.v1 import regenerator_pb2, regenerator_pb2_grpc
 from solrl.precision import PrecisionConfig
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None,
     """Serve until SIGTERM / SIGINT (or until `stop` is set)."""
     return run_rollout_role("regenerator", args, stop, environ, start, lambda model, lora, scorer: RegeneratorDataPlane(
         model, PrecisionConfig(args.precision), lora, scorer, steps=args.steps, micro_batch=args.micro_batch,
-        version_wait_s=args.version_wait_s))
+        version_wait_s=args.version_wait_s), regenerator_worker)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -43,13 +43,15 @@ from fastapi import FastAPI, Header
 from fastapi.responses import JSONResponse, Response
 
 import solrl
-from services.common.adapter_reload import (
-    ENV_ADAPTER_TOKEN,
-    SHA256_HEADER,
-    VERSION_HEADER,
-)
+from services.common.adapter_headers import SHA256_HEADER, VERSION_HEADER
 from services.common.auth import authorized, metadata, read_data_token
-from services.common.env import ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, ENV_REDIS_URL, split_overrides
+from services.common.env import (
+    ENV_ADAPTER_TOKEN,
+    ENV_QUEUE_KEY,
+    ENV_REDIS_PASSWORD,
+    ENV_REDIS_URL,
+    split_overrides,
+)
 from services.common.grpc_server import (
     MAX_GRPC_MESSAGE_SIZE,
     GrpcService,

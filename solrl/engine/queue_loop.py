@@ -10,7 +10,8 @@ e's update) before epoch e is trained, so the rollout services sample them meanw
 
 Supported mode: sol_rl (explore -> select -> regenerate), with train.algo nft or flow_grpo (the regenerators
 then sample with the SDE, SamplerSpec.sde_eta, and each Rollout carries its trajectory and log-probs). The stream
-and group names here are the pipeline's contract; the service workers (services.common.workers) import them.
+and group names here are the pipeline's contract; the services' stream consumers (services.explorer.consumer,
+services.regenerator.consumer) import them.
 """
 
 from __future__ import annotations

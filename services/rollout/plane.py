@@ -12,13 +12,13 @@ import grpc
 import numpy as np
 
 import solrl
-from services.common.adapter_reload import HotSwapModel, serving_precision
 from services.common.args import DEFAULT_MAX_REWARD_REQUEST_BYTES
 from services.common.auth import metadata
 from services.common.env import ENV_REWARD_ADDR  # noqa: F401 (re-exported for callers of this module)
 from services.common.errors import NotFoundError, UnavailableError
 from services.common.grpc_server import MAX_GRPC_MESSAGE_SIZE
 from services.common.tensors import numpy_to_tensor, torch_to_tensor
+from services.rollout.hot_swap import HotSwapModel, serving_precision
 from solrl.adapters import LoraSpec
 from solrl.models import device_info, served_device
 from solrl.models.base import T2IModel

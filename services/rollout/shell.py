@@ -14,27 +14,24 @@ from typing import Any
 import grpc
 import torch
 
-from services.common.adapter_reload import (
-    ENV_ADAPTER_TOKEN,
-    AdapterEndpoint,
-    AdapterFetcher,
-    HotSwapModel,
-)
 from services.common.args import add_model_arguments  # noqa: F401 (re-exported: the options live there, light)
 from services.common.auth import read_data_token
-from services.common.env import ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, split_overrides
+from services.common.env import ENV_ADAPTER_TOKEN, ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, split_overrides
 from services.common.grpc_server import GrpcServer
 from services.common.lifecycle import RunningService, serve_until_stopped
 from services.common.metrics import ServiceMetrics
 from services.common.ops import HttpServer, create_ops_app
-from services.common.rollout_plane import build_scorer
-from services.common.workers import start_consumer
+from services.rollout.adapter_endpoint import AdapterEndpoint, AdapterFetcher
+from services.rollout.consumers import StreamWorker, start_consumer
+from services.rollout.hot_swap import HotSwapModel
+from services.rollout.plane import build_scorer
 from solrl.adapters import LoraSpec
 from solrl.config import REWARD_FRAMES, VIDEO_MODELS, ConfigError, resolve
 from solrl.models import available_models, load_model
 from solrl.models.base import T2IModel
 from solrl.pb.solrl.common.v1 import common_pb2
 from solrl.precision import PrecisionConfig, build_backend
+from solrl.queue import Queue
 
 
 class RolloutRPCs:
@@ -210,9 +207,10 @@ def load_served_model(args: argparse.Namespace) -> tuple[T2IModel, LoraSpec | No
 
 def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event | None,
                      environ: Mapping[str, str] | None, start: Callable[..., RolloutService],
-                     build_plane: Callable[[T2IModel, LoraSpec, Any], Any]) -> int:
-    """Load the model, build the role's data plane, serve it (and consume its stream when
-    --redis-url is set) until SIGTERM / SIGINT or `stop`."""
+                     build_plane: Callable[[T2IModel, LoraSpec, Any], Any],
+                     worker: Callable[[Queue, Any], StreamWorker]) -> int:
+    """Load the model, build the role's data plane, serve it (and consume its stream with `worker(queue, plane)`,
+    the role's stream consumer, when --redis-url is set) until SIGTERM / SIGINT or `stop`."""
     environ = os.environ if environ is None else environ
     log = logging.getLogger(f"solrl.services.{role}")
     settle_role_args(args, role)
@@ -230,7 +228,7 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
         # before any job is taken: a pod that starts or restarts mid-run serves the run's current adapter
         plane.hot.fetcher = AdapterFetcher(args.trainer_url, token, plane.hot)
         plane.hot.fetcher.fetch()
-    consumer = start_consumer(role, plane, args.redis_url, args.queue_namespace, args.claim_idle_ms,
+    consumer = start_consumer(role, lambda queue: worker(queue, plane), args.redis_url, args.queue_namespace, args.claim_idle_ms,
                               password=environ.get(ENV_REDIS_PASSWORD) or None,
                               signing_key=environ.get(ENV_QUEUE_KEY) or None,
                               on_reject=lambda d, reason: metrics.observe_rejected(d.stream, reason)) \
