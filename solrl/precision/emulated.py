@@ -195,7 +195,7 @@ class NVFP4EmuLinear(EmuQuantLinear):
         path packs and unpacks nibbles, ~5x slower here). It does torchao's float operations
         (`nvfp4_quantize`, then `dequantize`) in their order, except that |x| is taken once and the
         sign put back at the end (max and sign are exact), so the result is bit-identical to
-        `to_nvfp4(...).dequantize(float32)`; tests/test_precision.py checks that."""
+        `to_nvfp4(...).dequantize(float32)`; tests/precision/test_precision.py checks that."""
         m, k = t_MK.shape
         blocks = t_MK.float().reshape(m, k // cls.block_size, cls.block_size)
         mag = blocks.abs()  # |x| once: the block maxima, their maximum (the tensor's amax), and the values' magnitudes

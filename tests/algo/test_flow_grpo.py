@@ -2,8 +2,8 @@
 recomputation of them (ratio 1 on an epoch's first optimizer step), the loss against hand values, exact resume,
 the services mode against the embedded loop, and bad configs refused before any work.
 
-The model is the seeded random shapes model of tests/test_loop.py (6 layers); the services test uses the tiny
-config and real Redis of tests/test_distributed.py.
+The model is the seeded random shapes model of tests/engine/test_loop.py (6 layers); the services test uses the tiny
+config and real Redis of tests/services/test_distributed.py.
 """
 
 from __future__ import annotations

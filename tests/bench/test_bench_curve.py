@@ -1,5 +1,5 @@
 """`solrl bench curve` at --small settings (held-out reward against cost for the modes): the files, the intervals,
-the cost model, other rewards, config overrides, parallel runs and their reuse. Apart from tests/test_bench.py so
+the cost model, other rewards, config overrides, parallel runs and their reuse. Apart from tests/bench/test_bench.py so
 that the two, each several minutes, run on different test workers."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ commands, environment, named volumes, health checks, the service names as networ
 by `depends_on` health), run 2 epochs, and tear everything down. One run goes straight through; in the
 other the trainer container is killed once epoch 1 is checkpointed and started again unchanged (what
 compose's `restart: on-failure` does). Both must end with the same adapter bytes, as in
-tests/test_deploy.py, which runs the same check with the services as local processes. Ports are not
+tests/deploy/test_deploy.py, which runs the same check with the services as local processes. Ports are not
 published (the harness reads results from the containers), so it runs beside anything on the host.
 
 Where no Docker engine answers, every test here skips, saying so.

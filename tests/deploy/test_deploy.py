@@ -1237,7 +1237,7 @@ def test_trainer_entry_runs_under_torchrun(source, tmp_path, cuda_stand_in):
     namespace = f"solrl-test-entry-{os.getpid()}-{free_port()}"
     assert env[ENV_REDIS_URL] == "redis://trainer@redis:6379/0" and env[ENV_REDIS_PASSWORD] and env[ENV_QUEUE_KEY]
     # this test is about the torchrun entry: the local Redis has no ACL users and the in-process workers do not sign
-    # (tests/test_queue_security.py and the CPU compose test run the secured queue)
+    # (tests/queue/test_queue_security.py and the CPU compose test run the secured queue)
     env.pop(ENV_REDIS_PASSWORD)
     env.pop(ENV_QUEUE_KEY)
     env.update({ENV_REDIS_URL: "redis://127.0.0.1:6379/0",

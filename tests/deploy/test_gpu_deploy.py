@@ -1,7 +1,7 @@
 """Every GPU deployment file's roles load their models on the device its run settings give them.
 
 docker-compose.yml, docker-compose.colocated.yml and the b200 / hopper overlays (rendered by kustomize): each role
-started as a local process with its own command and environment, as tests/test_deploy.py runs the CPU compose file
+started as a local process with its own command and environment, as tests/deploy/test_deploy.py runs the CPU compose file
 (its ComposeAsProcesses, container_env, kustomize, the trainer's settings as _role_settings resolves them), then
 asked what it loaded on: the reward and rollout services' /v1/info, the rollout services' Info RPC through the
 trainer's own start-up check (check_workers, which refuses a service on another device than model.device), the
@@ -148,7 +148,7 @@ def test_gpu_overlay_pods_load_on_the_overlay_s_device(overlay, tmp_path, cuda_s
     (services/Dockerfile, gpu) with the container's args and env (ConfigMaps, Secrets as the overlay's files give
     them); what the cluster gives is moved here (ports to free ones on 127.0.0.1, the run config to its file, the
     reward's Service to the local reward). Redis: the local test one, without ACL users or signing, as the torchrun
-    entry test (tests/test_queue_security.py and the CPU compose test run the secured queue). A real-model overlay
+    entry test (tests/queue/test_queue_security.py and the CPU compose test run the secured queue). A real-model overlay
     (hopper: SD3.5-Large) starts with only its model substituted by the shapes run's (run_on_shapes), the rest as
     rendered."""
     redis_url = "redis://127.0.0.1:6379/0"

@@ -3,8 +3,8 @@ before epoch e's update (version e-1), embedded (same semantics, deterministic, 
 (the driver publishes epoch e+1's jobs before it trains epoch e; every Rollout records the version it was sampled
 with, explorer and regenerator), plus bad values refused naming the key.
 
-The model is the seeded random shapes model of tests/test_loop.py; the services tests use the tiny config and
-real Redis (127.0.0.1:6379) of tests/test_distributed.py.
+The model is the seeded random shapes model of tests/engine/test_loop.py; the services tests use the tiny config and
+real Redis (127.0.0.1:6379) of tests/services/test_distributed.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 - Transformer Engine's autocast entered once per denoiser forward (`ForwardScope`), not per selected layer: the
   scope's hooks on a real tiny denoiser with the TE backends' own layer selection (TE itself is GPU-only: the
-  numerics are in tests/test_te.py, gpu-marked).
+  numerics are in tests/precision/test_te.py, gpu-marked).
 - The sampler's state on the denoiser's device, noise still drawn on the CPU per seed (the CUDA half gpu-marked).
 - Classifier-free guidance: one batched forward on a GPU (its arithmetic checked here against two forwards), two
   on the CPU (batching changes the CPU's last bits: the CPU runs are the bit-for-bit references); the empty

@@ -4,7 +4,7 @@ A real redis-server per test module, started by k8s/base/redis-acl.sh (the scrip
 StatefulSet run) on a free port with the roles' passwords from the environment. The trainer's side is the real
 `collect_rollouts` + `check_versions` of the distributed driver (what decides what an epoch trains on); the
 workers' side is the real `StreamWorker` publishing path (`SignedQueue`). The CPU compose test in
-tests/test_deploy.py runs the same with every service as a process.
+tests/deploy/test_deploy.py runs the same with every service as a process.
 """
 
 from __future__ import annotations

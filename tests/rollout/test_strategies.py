@@ -49,7 +49,7 @@ def test_what_each_mode_explores_keeps_and_regenerates():
 
 
 def test_seeds_steps_and_forwards_are_the_loops():
-    """The forward counts test_loop.py's test_modes_run_and_count_forwards measures on its TINY config."""
+    """The forward counts tests/engine/test_loop.py's test_modes_run_and_count_forwards measures on its TINY config."""
     r = SimpleNamespace(prompts_per_epoch=2, pool=6, kept=4, explore_steps=2, steps=3)
     P, n, k, es, fs = 2, 6, 4, 2, 3
     expected = {"sol_rl": (P * n * es, P * k * fs), "diffusion_nft": (0, P * k * fs),

@@ -3,7 +3,7 @@ ranks, a real Redis at 127.0.0.1:6379: K = 2 trains the adapter K = 1 trains on 
 SIGKILLed ends the service with a non-zero status within seconds, leaving no process behind.
 
 The rollouts come from the explorer and regenerator stream workers running in this process (the services' own
-workers and data planes, as tests/test_distributed.py runs them); they take each new adapter from the trainer's
+workers and data planes, as tests/services/test_distributed.py runs them); they take each new adapter from the trainer's
 GET /v1/adapter/current (AdapterFetcher, what a rollout service that starts mid-run does), so the trainer service
 needs no rollout service addresses and the workers start afresh for every run."""
 
@@ -66,7 +66,7 @@ def trainer_command(ranks: int, model_dir: Path, out: Path, namespace: str, grpc
 class ServiceRun:
     """One trainer service process started with `cmd` and `env` (what it trains: `cfg`; its ops port:
     `http_port`; its queue namespace: `namespace`), with fresh in-process explorer / regenerator workers that
-    take adapters from the trainer's /v1/adapter/current. tests/test_deploy.py starts the deployment files'
+    take adapters from the trainer's /v1/adapter/current. tests/deploy/test_deploy.py starts the deployment files'
     trainer entry commands through it."""
 
     def __init__(self, cmd: list[str], cfg, http_port: int, namespace: str, log: Path,
@@ -147,7 +147,7 @@ def test_two_rank_service_trains_the_one_rank_adapter_on_the_same_rollouts(one_r
     assert "2 data-parallel ranks" in two.text() and "data-parallel" not in one.text()
     for f in ("checkpoints/epoch_0001/adapters.safetensors", "checkpoints/epoch_0002/adapters.safetensors",
               "adapter_ema.safetensors"):
-        assert _max_diff(one.out / f, two.out / f) < ATOL, f   # tests/test_ddp.py says why 1e-5
+        assert _max_diff(one.out / f, two.out / f) < ATOL, f   # tests/engine/test_ddp.py says why 1e-5
     m1, m2 = read_metrics(one.out / "metrics.jsonl"), read_metrics(two.out / "metrics.jsonl")
     assert [r["epoch"] for r in m2] == [0, 1, 2]   # rank 0 alone writes: each epoch once
     # epoch 1: the base model's rollouts, bit for bit; epoch 2: sampled with adapters equal to ~1e-7

@@ -1,7 +1,7 @@
 """Wan2.2 video runs in services mode: the explorer, regenerator, reward and trainer services over real Redis and
 real gRPC give the embedded loop's run.
 
-The tiny seeded Wan pipelines of tests/test_wan.py (solrl/models/wan_tiny.py, saved in the diffusers layout) are
+The tiny seeded Wan pipelines of tests/models/test_wan.py (solrl/models/wan_tiny.py, saved in the diffusers layout) are
 served by the rollout services' own shells (`services.<role>.server.run`, in threads of this process), which take
 the model, its clip (model.frames / height / width) and reward_frames from the run's preset and overrides, as
 `solrl serve` does; they consume the Redis streams and score through a reward service over gRPC. The trainer
@@ -54,7 +54,7 @@ from tests.models.test_wan import FAMILY, FRAMES, SIDE, TINY_RUN
 REDIS = "redis://127.0.0.1:6379/0"
 TOKEN = "wan-services-test-token"
 OBSERVER = "observer"
-# the tiny video run of tests/test_wan.py for 2 epochs (the second samples with the pushed adapter), evaluated on
+# the tiny video run of tests/models/test_wan.py for 2 epochs (the second samples with the pushed adapter), evaluated on
 # one prompt at the start and the end
 RUN = [*TINY_RUN, "epochs=2", "eval.every=0", "eval.prompts=1", "eval.seeds_per_prompt=1", "eval.steps=2"]
 CASES = {"wan2.2-ti2v-5b": ("sol-rl", "mean"), "wan2.2-t2v-a14b": ("sol-flow-grpo", "first")}
