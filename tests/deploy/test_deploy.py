@@ -6,7 +6,7 @@
 - ports and environment names in compose and k8s are exactly those `solrl serve` reads;
 - services/Dockerfile, per role and flavor as its build arguments make it: non-root user, HEALTHCHECK on
   the ops port, entry `solrl serve <role>`, protos built; its checks refuse a missing or unknown role.
-- tests/test_deploy_run.py runs the CPU compose file's services as local processes, end to end.
+- the CPU compose file's services run as local processes, end to end (ComposeAsProcesses, below).
 The tools are installed by `.ci/run`; elsewhere a missing tool skips with a reason, unless
 SOLRL_REQUIRE_DEPLOY_TOOLS=1 (set by CI), where it fails.
 """
