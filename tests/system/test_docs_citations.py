@@ -4,7 +4,9 @@ Scans README.md, docs/, benchmarks/results/, the services' READMEs and the bundl
 references to repository files: paths under a top-level folder of the repository (`docs/method.md`,
 `services/common/workers.py`), top-level document names (`README.md`, `METHOD.md`), module paths
 under solrl/ (`algo/nft.py`) and, in benchmarks/results, sibling files (`rollout.md`). Each must exist,
-or be git-ignored (a file the user creates or a run writes, e.g. the b200 overlay's token file).
+or be git-ignored (a file the user creates or a run writes, e.g. the b200 overlay's token file). The dated
+results in benchmarks/results cite test files as the flat tests/ of their day laid them out (`tests/test_loop.py`):
+such a path resolves to the one test file of that name in a folder of tests/ (`tests/engine/test_loop.py`).
 Run outputs (`metrics.jsonl`) and other projects' files (`flow_grpo/ocr.py`) are not repository paths
 and are not looked up.
 """
@@ -41,6 +43,8 @@ def resolves(ref: str, where: Path) -> bool:
     for base in (ROOT, where.parent, ROOT / "solrl"):
         if (base / ref).exists():
             return True
+    if where.parent.name == "results" and re.fullmatch(r"tests/test_\w+\.py", ref):   # moved since, name kept
+        return len(list((ROOT / "tests").glob("*/" + ref.split("/")[1]))) == 1
     ignored = subprocess.run(["git", "check-ignore", "-q", ref], cwd=ROOT, check=False)
     return ignored.returncode == 0
 
@@ -59,4 +63,6 @@ def test_the_scanner_finds_what_it_should(tmp_path):
     assert resolves("docs/method.md", doc) and resolves("algo/nft.py", doc)
     assert not resolves("METHOD.md", doc) and not resolves("rollout.md", doc)
     assert resolves("k8s/overlays/b200/adapter-token.txt", doc)   # git-ignored: the user writes it
+    assert resolves("tests/test_loop.py", doc) and not resolves("tests/test_loop.py", ROOT / "docs" / "x.md")
+    assert not resolves("tests/test_no_such_file.py", doc)
     assert "docs/method.md" in {r for p in DOCS for r in references(p)}
