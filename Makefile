@@ -51,14 +51,14 @@ test-slow: protos
 test-all: protos lint
 	$(BIN)/python -m pytest -q $(XDIST)
 
-# The hpsv3 reward's own environment (.venv/hpsv3: transformers 4.45.2, docs/rewards.md): tests/test_hpsv3.py
+# The hpsv3 reward's own environment (.venv/hpsv3: transformers 4.45.2, docs/rewards.md): tests/rewards/test_hpsv3.py
 # runs its reward service from there and skips, saying so, where it was not built (CI builds it: .ci/run)
 hpsv3-env: $(STAMP)
 	bash envs/hpsv3/install.sh
 
 # docker-compose.cpu.yml on a real Docker engine (docker SDK): build, up, 2 epochs + a trainer restart, down
 test-compose: protos
-	$(BIN)/python -m pytest -q -m compose tests/test_compose_engine.py
+	$(BIN)/python -m pytest -q -m compose tests/deploy/test_compose_engine.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -23,8 +23,8 @@ measured):
 
 `--dry-run` runs the same code on the CPU with tiny configs of the same diffusers classes (a few layers, width 64),
 one repeat, the emulated backends (`fp8-e4m3-emu`, `nvfp4-emu`) standing in for the kernels and torch.compile with
-its "eager" backend (tracing only); the json names the backend that ran and what it stands in for. tests/
-test_gpu_check.py runs it inside `make test-slow` (and CI), so the GPU path cannot rot.
+its "eager" backend (tracing only); the json names the backend that ran and what it stands in for.
+tests/gpu_check/test_gpu_check.py runs it inside `make test-slow` (and CI), so the GPU path cannot rot.
 """
 
 from __future__ import annotations
@@ -687,7 +687,7 @@ def services_section(setup: Setup, budget: Budget, share_s: float, work: Path) -
         ShapesModel.random(seed=0, layers=6, heads=4).save(model_dir)
         ns = f"solrl-gpu-check-{uuid.uuid4().hex[:10]}"
         # BF16 roles on the GPU (the epoch checks the services on the device; the explore section measured the
-        # low-precision backends), FP32 on the CPU (the bit-for-bit run of tests/test_up.py)
+        # low-precision backends), FP32 on the CPU (the bit-for-bit run of tests/deploy/test_up.py)
         explore = base = "bf16" if device == "cuda" else "fp32"
         sets = ["reward=jpeg_compressibility", "rollout.prompts_per_epoch=2", "rollout.pool=4", "rollout.kept=2",
                 "rollout.explore_steps=2", "rollout.steps=2", "train.micro_batch=4", "eval.prompts=2",

@@ -1,4 +1,4 @@
-"""A tiny same-class HPSv3 for CPU tests, and the scoring entry points tests/test_hpsv3.py drives.
+"""A tiny same-class HPSv3 for CPU tests, and the scoring entry points tests/rewards/test_hpsv3.py drives.
 
 Run with the hpsv3 environment's python (envs/hpsv3/install.sh; transformers 4.45.2, hpsv3 1.0.0):
 

@@ -3,7 +3,7 @@
 Light on purpose: argparse, the SOLRL_* names (services.common.env) and torch-free name lists only, so
 `solrl serve ROLE --help` (and any role's parser) builds without grpc, torch, diffusers or tritonclient.
 The server modules import their options from services.<role>.args; the model, precision and selection
-choices are static lists that tests/test_cli_fast.py keeps equal to the registries."""
+choices are static lists that tests/cli/test_cli_fast.py keeps equal to the registries."""
 
 from __future__ import annotations
 

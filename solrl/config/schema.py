@@ -20,7 +20,7 @@ SELECTIONS = ("best_worst", "random", "mean_deviation", "extremes_random")
 SOLVERS = ("euler", "dpm2")
 ALGOS = ("nft", "flow_grpo")  # train.algo: DiffusionNFT (solrl/algo/nft.py) or FlowGRPO (solrl/algo/grpo.py)
 # The built-in model registry's names (solrl.models.available_models(), sorted), here without torch for
-# command-line choices; tests/test_cli_fast.py keeps the two equal.
+# command-line choices; tests/cli/test_cli_fast.py keeps the two equal.
 MODEL_NAMES = ("flux1-dev", "sana1.5-1.6b", "sd3.5-large", "shapes", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b")
 # The video models (solrl/models/wan.py): (the VAE's time compression, the pixel multiple of height / width = VAE x
 # patch). A clip has temporal * k + 1 frames (Wan's causal VAE); the loader checks the same against the checkpoint.
@@ -156,7 +156,7 @@ class PromptsConfig:
     eval: str = "shapes:held-out"       # held-out prompts (shapes sets: a fixed, form-stratified subset)
     # shapes sets: the share of relation captions among an epoch's training prompts; single-object and count
     # captions share the rest 2:1 (the pretraining mix's proportions, `solrl shapes pretrain --relation-share`); the default
-    # is FORM_WEIGHTS["relation"] of solrl/shapes/prompts.py (tests/test_prompts.py checks they agree)
+    # is FORM_WEIGHTS["relation"] of solrl/shapes/prompts.py (tests/prompts/test_prompts.py checks they agree)
     relation_share: float = 0.4
 
 

@@ -22,7 +22,7 @@ efficiencies calibrated against the paper's timing table (docs/method.md, 8x B20
   convolution and the attention products, from the model's diffusers config (solrl/models/architectures.py)
   at its reference resolution and text length (`denoiser_forward`; the formulas sit beside each family).
   The bundled shapes UNet is measured instead on one real forward: layer hooks for its Linear and
-  convolution MACs (torch's FlopCounterMode agrees, tests/test_plan.py) and the attention calls' shapes for
+  convolution MACs (torch's FlopCounterMode agrees, tests/deploy/test_plan.py) and the attention calls' shapes for
   the attention products (which FlopCounterMode does not see in the CPU attention kernel). The share
   that a low-precision explorer quantizes follows the run's precision policy on the model's own layer-skip
   rules (solrl.precision: the same selection `solrl models quantized` reports); attention products and
@@ -49,7 +49,7 @@ efficiencies calibrated against the paper's timing table (docs/method.md, 8x B20
   process: the regenerator's adapter versions share it), the explorer's Transformer Engine cache of its quantized
   layers and the LoRA targets' BF16 originals it re-merges from, the trainer's three FP32 adapters (trainable, old,
   EMA), gradients, AdamW moments and DDP / NCCL buffers, the text encoders and VAE on every model role's GPU, the
-  reward's scorer; weights and states are exact parameter counts (tests/test_plan_memory.py holds them against the
+  reward's scorer; weights and states are exact parameter counts (tests/deploy/test_plan_memory.py holds them against the
   real objects). Activations are a model (the constants' comment gives the source): training per token x width x
   block, with and without gradient checkpointing; the plan turns checkpointing on where the trainer (or the
   colocated process) would not fit without it (`Layout.gradient_checkpointing`, the plan's `gradient_checkpointing`)

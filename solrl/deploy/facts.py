@@ -20,7 +20,7 @@ from solrl.deploy.recipe import PlanError
 @dataclass(frozen=True)
 class Component:
     """A model piece beside the denoiser that a process holds: its parameters (exact, from its published config;
-    tests/test_plan_memory.py instantiates each config on the meta device and counts) and bytes per parameter."""
+    tests/deploy/test_plan_memory.py instantiates each config on the meta device and counts) and bytes per parameter."""
 
     name: str
     params: int

@@ -17,7 +17,7 @@ class Calibration:
     image_s: float            # seconds per 1024x1024 image on one B200: VAE decode, hand-off, scoring
 
 
-# Fitted by `solrl plan --calibrate` (fit_calibration); tests/test_plan.py checks a fresh fit gives these.
+# Fitted by `solrl plan --calibrate` (fit_calibration); tests/deploy/test_plan.py checks a fresh fit gives these.
 CALIBRATION = Calibration(eta_rollout=0.21889, eta_train=0.22484, image_s=0.035611)
 
 

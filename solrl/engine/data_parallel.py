@@ -52,7 +52,7 @@ class Ranks:
     rank: int = 0
     world: int = 1
     local_rank: int = 0
-    # Test hook (tests/test_ddp.py): SOLRL_TEST_DIE_AT_EPOCH=E makes rank SOLRL_TEST_DIE_RANK (default 1)
+    # Test hook (tests/engine/test_ddp.py): SOLRL_TEST_DIE_AT_EPOCH=E makes rank SOLRL_TEST_DIE_RANK (default 1)
     # os._exit(1) in epoch E (1-based), after receiving the batch and before training on it.
     die_at_epoch: int | None = None
     die_rank: int = 1

@@ -61,7 +61,7 @@ def available_models() -> list[str]:
     return sorted(_REGISTRY)
 
 
-# Tests only: a machine without a GPU runs a GPU deployment's roles (tests/test_gpu_deploy.py). Set to 1, a device
+# Tests only: a machine without a GPU runs a GPU deployment's roles (tests/deploy/test_gpu_deploy.py). Set to 1, a device
 # of type cuda passes the run config's check, the model loads on the CPU instead, and each CUDA-only precision
 # backend is built as its CPU emulation (the same format: solrl.precision.build_backend); every role still reports
 # the device it was asked for (`served_device`) and says that it was stood in. Never set it on a real node.

@@ -17,7 +17,7 @@ rows carry different timesteps).
 
 Decoding: `decode` gives the frames the run's rewards score (`reward_frames`, solrl/rewards/frames.py):
 "first" decodes the first latent frame only -- the VAE is causal in time, so that is exactly frame 0 of the
-whole clip's decode (tests/test_wan.py checks it bit for bit) at a fraction of the cost -- and "mean" decodes
+whole clip's decode (tests/models/test_wan.py checks it bit for bit) at a fraction of the cost -- and "mean" decodes
 every frame; `decode_video` always gives the whole clip.
 """
 

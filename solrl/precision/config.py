@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The built-in backends' names (solrl.precision.available_backends(), sorted), here without torch for
-# command-line choices; tests/test_cli_fast.py keeps the two equal.
+# command-line choices; tests/cli/test_cli_fast.py keeps the two equal.
 BACKEND_NAMES = ("bf16", "fp32", "fp8", "fp8-e4m3-emu", "fp8-e5m2-emu", "fp8-torchao", "mxfp4-emu", "nvfp4",
                  "nvfp4-emu", "nvfp4-te-emu")
 
@@ -54,7 +54,7 @@ class PrecisionConfig:
             )
 
 
-# The Transformer Engine kernel each emulation reproduces (the backends' `emulates`; tests/test_precision_auto.py
+# The Transformer Engine kernel each emulation reproduces (the backends' `emulates`; tests/precision/test_forward_cost.py
 # keeps the two equal) and the compute capability each kernel needs (solrl.precision.transformer_engine; `fp8`
 # without Transformer Engine: solrl.precision.torchao_fp8).
 EMULATES = {"fp8-e4m3-emu": "fp8", "nvfp4-emu": "nvfp4", "nvfp4-te-emu": "nvfp4"}

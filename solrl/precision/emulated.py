@@ -161,7 +161,7 @@ def round_e2m1_magnitude_(a: torch.Tensor) -> torch.Tensor:
     emulated explorer runs this on every activation of every forward; each pass is time on a CPU). M is built from
     the exponent bits of max(a, 1): exponent e (a in [2^e, 2^(e+1)), e = 0 below 2) gives M = 2^(e + 22).
     Written by hand: torchao packs nibbles (f32_to_f4_unpacked), several times slower here;
-    tests/test_precision.py checks the two agree bit for bit."""
+    tests/precision/test_precision.py checks the two agree bit for bit."""
     m = a.clamp_min(1.0).view(torch.int32).bitwise_and_(0x7F800000).add_(22 << 23).view(torch.float32)
     return a.add_(m).sub_(m)
 
@@ -201,7 +201,7 @@ class NVFP4EmuLinear(EmuQuantLinear):
         path packs and unpacks nibbles, ~5x slower here). It does torchao's float operations
         (`nvfp4_quantize`, then `dequantize`) in their order, except that |x| is taken once and the
         sign put back at the end (max and sign are exact), so the result is bit-identical to
-        `to_nvfp4(...).dequantize(float32)`; tests/test_precision.py checks that."""
+        `to_nvfp4(...).dequantize(float32)`; tests/precision/test_precision.py checks that."""
         m, k = t_MK.shape
         blocks = t_MK.float().reshape(m, k // cls.block_size, cls.block_size)
         mag = blocks.abs()  # |x| once: the block maxima, their maximum (the tensor's amax), and the values' magnitudes

@@ -16,7 +16,7 @@ SOLRL_HPSV2_TOKENIZER (default laion/CLIP-ViT-H-14-laion2B-s32B-b79K, tokenizer 
 `HPSv3RewardInferencer` with the checkpoint from SOLRL_HPSV3_CHECKPOINT and the config from SOLRL_HPSV3_CONFIG
 (default: the package's HPSv3_7B.yaml); score = the predicted mean (mu). The package pins transformers 4.45.2,
 so it runs in its own environment (envs/hpsv3, the `hpsv3` target of services/Dockerfile) behind the reward
-service; tests/test_hpsv3.py runs it there on a tiny same-class checkpoint (docs/rewards.md, "HPSv3").
+service; tests/rewards/test_hpsv3.py runs it there on a tiny same-class checkpoint (docs/rewards.md, "HPSv3").
 """
 
 from __future__ import annotations

@@ -1,0 +1,1269 @@
+"""Containers, compose and Kubernetes, validated offline (no Docker engine, no cluster here).
+
+- `docker-compose config -q` on both compose files (Debian's docker-compose runs it without an engine);
+- `kubectl kustomize` of every overlay through `kubernetes-validate --strict`;
+- the KEDA ScaledObject (a CRD kubernetes-validate has no schema for) against the fields KEDA documents;
+- ports and environment names in compose and k8s are exactly those `solrl serve` reads;
+- services/Dockerfile, per role and flavor as its build arguments make it: non-root user, HEALTHCHECK on
+  the ops port, entry `solrl serve <role>`, protos built; its checks refuse a missing or unknown role.
+- the CPU compose file's services run as local processes, end to end (ComposeAsProcesses, below).
+The tools are installed by `.ci/run`; elsewhere a missing tool skips with a reason, unless
+SOLRL_REQUIRE_DEPLOY_TOOLS=1 (set by CI), where it fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.common.args import DEFAULT_NAMESPACE
+from services.common.env import (
+    ENV_ADAPTER_TOKEN,
+    ENV_DATA_TOKEN,
+    ENV_GRPC_PORT,
+    ENV_HOST,
+    ENV_HTTP_PORT,
+    ENV_QUEUE_KEY,
+    ENV_QUEUE_NAMESPACE,
+    ENV_REDIS_PASSWORD,
+    ENV_REDIS_URL,
+    ENV_REWARD_ADDR,
+)
+from services.explorer import server as explorer_server
+from services.regenerator import server as regenerator_server
+from services.reward import server as reward_server
+from services.reward.args import DEFAULT_REWARDS
+from services.rollout.shell import run_rollout_role
+from services.trainer import server as trainer_server
+from solrl.engine.queue_loop import GROUP_EXPLORERS, STREAM_EXPLORE
+from solrl.models import ENV_CUDA_STANDIN
+from solrl.rewards import available_rewards, reward_info
+from solrl.telemetry import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = {"explorer": explorer_server, "regenerator": regenerator_server, "reward": reward_server,
+         "trainer": trainer_server}
+PORTS = {role: (m.DEFAULT_GRPC_PORT, m.DEFAULT_HTTP_PORT) for role, m in ROLES.items()}
+
+
+class RecordingEnv(dict):
+    """An empty environment that remembers every name the code looks up in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def get(self, key, default=None):
+        self.seen.add(key)
+        return default
+
+    def __contains__(self, key) -> bool:
+        self.seen.add(key)
+        return False
+
+
+def serve_reads(role: str) -> set[str]:
+    """The SOLRL_* names `solrl serve <role>` reads, from the code itself: the names its argument
+    parser looks up (the same `add_arguments` the CLI calls, fed a recording environment), plus the
+    adapter token for roles whose run path reads it (the token is read at start, not parse time)."""
+    module = ROLES[role]
+    env = RecordingEnv()
+    module.add_arguments(argparse.ArgumentParser(), env)
+    names = {n for n in env.seen if n.startswith("SOLRL_")}
+    run_src = run_source(role)
+    for name in ("ENV_ADAPTER_TOKEN", "ENV_REDIS_PASSWORD", "ENV_QUEUE_KEY"):   # secrets: read at start, env only
+        if name in run_src:
+            names.add(globals()[name])
+    return names
+
+
+def run_source(role: str) -> str:
+    """The source of what `solrl serve <role>` runs at start-up."""
+    module = ROLES[role]
+    run_src = inspect.getsource(module.run)
+    if "run_rollout_role(" in run_src:
+        run_src += inspect.getsource(run_rollout_role)
+    if "return serve(" in run_src:   # the trainer: rank 0 (or the only process) serves; other ranks follow
+        run_src += inspect.getsource(module.serve)
+    return run_src
+
+
+READS = {role: serve_reads(role) for role in ROLES}
+# optional: the reward service's per-scorer weight overrides (unset = the default source in the HF cache)
+OPTIONAL = {role: set() for role in ROLES}
+OPTIONAL["reward"] = set(re.findall(r"SOLRL_[A-Z0-9_]+", " ".join(reward_info(n).weights for n in available_rewards())))
+# optional for every role whose start-up reads it: the data planes' bearer token (unset: open doors, local use)
+for _role in ROLES:
+    if "read_data_token(" in run_source(_role):
+        OPTIONAL[_role].add(ENV_DATA_TOKEN)
+
+
+def check_env(where: str, role: str, declared: set[str]) -> None:
+    solrl = {n for n in declared if n.startswith("SOLRL_")}
+    missing, extra = READS[role] - solrl, solrl - READS[role] - OPTIONAL[role]
+    assert not missing and not extra, f"{where}: missing {sorted(missing)}, not read by solrl serve {sorted(extra)}"
+
+
+def test_serve_reads_are_derived_from_the_code():
+    # guards the recorder: it must see what each role is known to need
+    assert READS["reward"] == {ENV_HOST, ENV_GRPC_PORT, ENV_HTTP_PORT}
+    for role in ("explorer", "regenerator"):
+        assert READS[role] >= {ENV_REDIS_URL, ENV_QUEUE_NAMESPACE, ENV_REWARD_ADDR, ENV_ADAPTER_TOKEN,
+                               ENV_REDIS_PASSWORD, ENV_QUEUE_KEY}
+    assert READS["trainer"] >= {trainer_server.ENV_EXPLORER_ADDRS, trainer_server.ENV_REGENERATOR_ADDRS,
+                                ENV_ADAPTER_TOKEN, ENV_REDIS_URL, ENV_REDIS_PASSWORD, ENV_QUEUE_KEY}
+    assert "SOLRL_PICKSCORE_MODEL" in OPTIONAL["reward"]
+    assert all(ENV_DATA_TOKEN in OPTIONAL[role] for role in ROLES)
+
+
+REQUIRE = os.environ.get("SOLRL_REQUIRE_DEPLOY_TOOLS") == "1"
+
+
+@pytest.fixture()
+def cuda_stand_in(monkeypatch):
+    """The GPU files' runs set model.device=cuda, which a run config accepts only where CUDA is: here the CPU stands
+    in for it (solrl.models.ENV_CUDA_STANDIN, tests only), so their settings resolve as on a GPU node."""
+    monkeypatch.setenv(ENV_CUDA_STANDIN, "1")
+
+
+def tool(name: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if path is None:
+        if REQUIRE:
+            pytest.fail(f"{name} not found (SOLRL_REQUIRE_DEPLOY_TOOLS=1)")
+        pytest.skip(f"{name} not installed (Debian: docker-compose, kubectl; PyPI: kubernetes-validate)")
+    return path
+
+
+def role_of(name: str) -> str:
+    return re.sub(r"-\d+$", "", name)
+
+
+# ------------------------------------------------------------------ compose
+
+COMPOSE_FILES = ["docker-compose.yml", "docker-compose.colocated.yml", "docker-compose.cpu.yml"]
+QUEUE_ROLES = ("trainer", "explorer", "regenerator")
+# what a user exports for compose: every secret, each required (names as the compose files and docs give them)
+COMPOSE_SECRETS = {ENV_ADAPTER_TOKEN: "test-token", ENV_DATA_TOKEN: "test-data-token",
+                   ENV_QUEUE_KEY: "test-queue-key-0123456789abcdef",
+                   **{f"SOLRL_REDIS_{r.upper()}_PASSWORD": f"test-{r}-redis-password" for r in QUEUE_ROLES}}
+REDIS_ACL_SCRIPT = ROOT / "k8s" / "base" / "redis-acl.sh"
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_config_is_valid(name):
+    exe = tool("docker-compose")
+    env = {**os.environ, **COMPOSE_SECRETS}
+    proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    # without any one secret the file refuses to start rather than run unauthenticated or unsigned
+    for secret in COMPOSE_SECRETS:
+        proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, capture_output=True, text=True,
+                              check=False, env={k: v for k, v in env.items() if k != secret})
+        assert proc.returncode != 0 and f"set {secret}" in proc.stderr, secret
+
+
+def compose_services(name: str) -> dict:
+    exe = tool("docker-compose")
+    env = {**os.environ, **COMPOSE_SECRETS}
+    out = subprocess.run([exe, "-f", name, "config"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return yaml.safe_load(out.stdout)["services"]
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_ports_and_env_match_what_solrl_serve_reads(name):
+    services = compose_services(name)
+    roles = {role_of(s) for s in services} - {"redis"}
+    assert roles == set(ROLES)
+    for svc_name, svc in services.items():
+        role = role_of(svc_name)
+        if role == "redis":
+            assert "--appendonly" in svc["command"] and "yes" in svc["command"]
+            check_compose_redis(svc)
+            continue
+        env = svc["environment"]
+        check_env(f"{name}: {svc_name}", role, set(env))
+        assert env[ENV_DATA_TOKEN] == COMPOSE_SECRETS[ENV_DATA_TOKEN], svc_name   # the doors closed in every role
+        grpc_port, http_port = PORTS[role]
+        assert (int(env[ENV_GRPC_PORT]), int(env[ENV_HTTP_PORT])) == (grpc_port, http_port), svc_name
+        if ENV_REDIS_URL in env:
+            # the role's own ACL user in the URL, its password (and the queue key) from the user's environment
+            assert env[ENV_REDIS_URL] == f"redis://{role}@redis:6379/0"
+            assert env[ENV_REDIS_PASSWORD] == COMPOSE_SECRETS[f"SOLRL_REDIS_{role.upper()}_PASSWORD"]
+            assert env[ENV_QUEUE_KEY] == COMPOSE_SECRETS[ENV_QUEUE_KEY]
+            assert env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
+        if ENV_REWARD_ADDR in env:
+            assert env[ENV_REWARD_ADDR] == f"reward:{PORTS['reward'][0]}"
+        # built from the one Dockerfile, as this role, on the flavor its target names, serving these ports
+        build = svc["build"]
+        assert build["dockerfile"] == "services/Dockerfile"
+        assert build["target"] == ("cpu" if name == "docker-compose.cpu.yml" else "gpu")
+        assert build["args"].get("FLAVOR", "cpu") == build["target"], svc_name
+        assert build["args"]["ROLE"] == role, svc_name
+        image = dockerfile_image({k: str(v) for k, v in build["args"].items()}, build["target"])
+        assert (image.env[ENV_GRPC_PORT], image.env[ENV_HTTP_PORT]) == (str(grpc_port), str(http_port)), svc_name
+        assert svc["image"] == f"solrl/{role}:{build['target']}"
+    trainer = services["trainer"]["environment"]
+    for key, role in ((trainer_server.ENV_EXPLORER_ADDRS, "explorer"),
+                      (trainer_server.ENV_REGENERATOR_ADDRS, "regenerator")):
+        addrs = trainer_server.parse_addrs(trainer[key], key)
+        expected = {f"{s}:{PORTS[role][0]}" for s in services if role_of(s) == role}
+        assert set(addrs) == expected  # the trainer pushes adapters to every rollout service
+
+
+def check_compose_redis(svc: dict) -> None:
+    """Redis runs k8s/base/redis-acl.sh (mounted read-only) with every role's password from the environment: no
+    password on its command line, and the unauthenticated health check may still PING."""
+    command, env = svc["command"], svc["environment"]
+    assert command[:3] == ["sh", "/usr/local/bin/solrl-redis-acl.sh", "/tmp/users.acl"] and command[3] == "redis-server"
+    assert f"{REDIS_ACL_SCRIPT}:/usr/local/bin/solrl-redis-acl.sh:ro" in svc["volumes"]
+    assert svc["user"] == "redis"
+    for role in QUEUE_ROLES:
+        name = f"SOLRL_REDIS_{role.upper()}_PASSWORD"
+        assert env[name] == COMPOSE_SECRETS[name]
+        assert not [a for a in command if COMPOSE_SECRETS[name] in a]
+    assert env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
+    assert svc["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+
+
+# ------------------------------------------------------------------ layouts from `solrl plan`
+
+# The files `solrl plan --emit` generates; each names the command in its header.
+GENERATED = ["docker-compose.yml", "docker-compose.colocated.yml", "k8s/overlays/b200/plan/kustomization.yaml",
+             "k8s/overlays/hopper/plan/kustomization.yaml"]
+
+
+def plan_command(path: str) -> list[str]:
+    m = re.search(r"^# Generated by `(solrl plan [^`]+)`:$", (ROOT / path).read_text(), re.MULTILINE)
+    assert m, f"{path}: no 'Generated by' header"
+    return shlex.split(m.group(1))
+
+
+@pytest.mark.parametrize("path", GENERATED)
+def test_generated_layouts_are_what_solrl_plan_emits(path, capsys):
+    from solrl.cli.app import main
+
+    assert main(plan_command(path)[1:]) == 0
+    assert capsys.readouterr().out == (ROOT / path).read_text(), f"{path} differs from its command's output"
+
+
+def _plan(cfg, gpu: str, layout: str):
+    from solrl.deploy.placement import make_plan
+
+    return make_plan(cfg, "-", gpu, 8, layout=layout)
+
+
+def _device_ids(svc: dict) -> list[str]:
+    devices = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+    return [g for d in devices for g in d["device_ids"]]
+
+
+def _trainer_run_config(services: dict):
+    """The run config the file's trainer service resolves from its own environment (SOLRL_PRESET, SOLRL_SET)."""
+    parser = argparse.ArgumentParser()
+    trainer_server.add_arguments(parser, {k: str(v) for k, v in services["trainer"]["environment"].items()})
+    return trainer_server.run_config(parser.parse_args(["--out", "/tmp/unused"]))[0]
+
+
+@pytest.mark.parametrize("name, layout", [("docker-compose.yml", "disaggregated"),
+                                          ("docker-compose.colocated.yml", "colocated")])
+def test_gpu_compose_header_predicts_the_run_its_trainer_starts(name, layout, cuda_stand_in):
+    """The header's predicted epoch and stage times are the plan of the run the file's trainer resolves from its
+    own environment: the preset as it trains now (no KL term, so no reference forward in the train stage), not
+    only the output of the command the header names."""
+    from solrl.deploy.layouts import _plan_lines
+
+    cfg = _trainer_run_config(compose_services(name))
+    assert cfg.train.kl_beta == 0   # the shapes preset: the train stage prices 4 passes, not 5
+    predicted = _plan_lines(_plan(cfg, "b200", layout))[1]   # "predicted epoch ... (explore ..., train ...)."
+    header = [line[2:] for line in (ROOT / name).read_text().splitlines()[:8] if line.startswith("# ")]
+    assert predicted in header, (predicted, header)
+
+
+@pytest.mark.parametrize("name, layout", [("docker-compose.yml", "disaggregated"),
+                                          ("docker-compose.colocated.yml", "colocated")])
+def test_gpu_compose_places_the_roles_as_the_plan_does(name, layout, cuda_stand_in):
+    """The plan of the run the file starts (its default SOLRL_PRESET and SOLRL_SET, as the trainer resolves them)
+    gives the file's GPUs: explorer and regenerator replicas, the trainer's torchrun ranks (one GPU each)."""
+    services = compose_services(name)
+    trainer = services["trainer"]
+    best = _plan(_trainer_run_config(services), "b200", layout).best
+    assert best.kind == layout
+    gpus = {n: _device_ids(svc) for n, svc in services.items() if n != "redis"}
+    explorers = [n for n in gpus if role_of(n) == "explorer"]
+    regenerators = [n for n in gpus if role_of(n) == "regenerator"]
+    assert (len(explorers), len(regenerators)) == (best.explorers, best.regenerators)
+    assert all(len(gpus[n]) == 1 for n in explorers + regenerators) and len(gpus["reward"]) == 1
+    # torchrun in the container, one rank per GPU it is given
+    assert trainer["entrypoint"][:1] == ["torchrun"] and trainer["entrypoint"][-3:] == ["solrl", "serve", "trainer"]
+    assert int(trainer["environment"]["PET_NPROC_PER_NODE"]) == len(gpus["trainer"]) == best.trainer_ranks
+    every = [str(i) for i in range(8)]
+    if layout == "disaggregated":   # each GPU to one service
+        owned = [g for ids in gpus.values() for g in ids]
+        assert sorted(owned, key=int) == every
+    else:                           # each GPU: one explorer, one regenerator, one trainer rank
+        for kind in (explorers, regenerators):
+            assert sorted((gpus[n][0] for n in kind), key=int) == every
+        assert gpus["trainer"] == every
+
+
+# ------------------------------------------------------------------ kubernetes
+# ------------------------------------------------------------------ kubernetes
+
+OVERLAYS = ["cpu-demo", "b200", "hopper"]
+
+
+def write_overlay_secrets(tree: Path, token: str = "test-token") -> None:
+    """The GPU overlays' git-ignored secret files, as their headers tell a user to write them."""
+    for overlay in ("b200", "hopper"):
+        where = tree / "overlays" / overlay
+        (where / "adapter-token.txt").write_text(token + "\n")
+        (where / "data-token.txt").write_text("test-data-token\n")
+        (where / "queue-key.txt").write_text("test-queue-key-0123456789abcdef\n")
+        (where / "redis-passwords.env").write_text("".join(f"{r}=test-{r}-redis-password\n"
+                                                           for r in (*QUEUE_ROLES, "keda")))
+
+
+def k8s_copy(where: Path, token: str = "test-token") -> Path:
+    """A copy of k8s/ in `where` with the GPU overlays' git-ignored secret files present, as a user has them."""
+    tree = where / "k8s"
+    shutil.copytree(ROOT / "k8s", tree)
+    write_overlay_secrets(tree, token)
+    return tree
+
+
+@pytest.fixture()
+def k8s_tree(tmp_path):
+    return k8s_copy(tmp_path)
+
+
+def kustomize(tree: Path, overlay: str) -> list[dict]:
+    out = subprocess.run([tool("kubectl"), "kustomize", str(tree / "overlays" / overlay)],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_is_valid_kubernetes(k8s_tree, overlay):
+    kustomize(k8s_tree, overlay)
+    out = subprocess.run(f"{tool('kubectl')} kustomize {k8s_tree / 'overlays' / overlay} | "
+                         f"{tool('kubernetes-validate')} --strict --quiet -", shell=True, capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def containers(doc: dict) -> list[dict]:
+    return doc["spec"]["template"]["spec"]["containers"]
+
+
+COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+
+
+def container_env(c: dict, by_kind: dict) -> dict[str, str]:
+    """The environment a container starts with: envFrom ConfigMaps, then env (values, ConfigMap keys,
+    Secret keys as "<secret>", an indexed Job's completion index as the index-0 pod has it); every reference must
+    resolve to an object of the rendered overlay."""
+    out: dict[str, str] = {}
+    for src in c.get("envFrom", []):
+        out.update(by_kind[("ConfigMap", src["configMapRef"]["name"])]["data"])
+    for e in c.get("env", []):
+        ref = e.get("valueFrom", {})
+        if "configMapKeyRef" in ref:
+            out[e["name"]] = by_kind[("ConfigMap", ref["configMapKeyRef"]["name"])]["data"][ref["configMapKeyRef"]["key"]]
+        elif "secretKeyRef" in ref:
+            assert ref["secretKeyRef"]["key"] in by_kind[("Secret", ref["secretKeyRef"]["name"])]["data"]
+            out[e["name"]] = "<secret>"
+        elif "fieldRef" in ref:
+            assert ref["fieldRef"]["fieldPath"] == COMPLETION_INDEX, ref
+            out[e["name"]] = "0"
+        else:
+            out[e["name"]] = e["value"]
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_k8s_ports_env_probes_and_security(k8s_tree, overlay):
+    docs = kustomize(k8s_tree, overlay)
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    for role in ROLES:
+        kind = "Job" if role == "trainer" else "Deployment"
+        workload = by_kind[(kind, role)]
+        (c,) = containers(workload)
+        env = container_env(c, by_kind)
+        check_env(f"{overlay}: {kind} {role}", role, set(env))
+        grpc_port, http_port = PORTS[role]
+        assert (int(env[ENV_GRPC_PORT]), int(env[ENV_HTTP_PORT])) == (grpc_port, http_port)
+        if ENV_REDIS_URL in env:
+            assert env[ENV_REDIS_URL] == f"redis://{role}@redis:6379/0" and env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
+            refs = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in c["env"]}
+            # the role's own Redis password and the queue key: from the Secrets, never literals
+            assert refs[ENV_REDIS_PASSWORD]["name"].startswith("solrl-redis-") and refs[ENV_REDIS_PASSWORD]["key"] == role
+            assert refs[ENV_QUEUE_KEY]["name"].startswith("solrl-queue-key-") and refs[ENV_QUEUE_KEY]["key"] == "key"
+        if ENV_REWARD_ADDR in env:
+            assert env[ENV_REWARD_ADDR] == f"reward:{PORTS['reward'][0]}"
+        assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"grpc": grpc_port, "http": http_port}
+        assert c["readinessProbe"]["grpc"]["port"] == grpc_port
+        if kind == "Deployment":
+            assert c["livenessProbe"]["grpc"]["port"] == grpc_port
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert c["resources"]["requests"] and c["resources"]["limits"]
+        if overlay in ("b200", "hopper"):   # one GPU per pod, the trainer's: one per torchrun rank
+            gpus = int(env["PET_NPROC_PER_NODE"]) if role == "trainer" else 1
+            assert c["resources"]["limits"]["nvidia.com/gpu"] == gpus and c["image"].endswith(":gpu")
+        if overlay == "hopper":  # every GPU pod on a Hopper node
+            (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            assert term["matchExpressions"] == [{"key": "nvidia.com/gpu.family", "operator": "In", "values": ["hopper"]}]
+        if ENV_ADAPTER_TOKEN in env:
+            assert env[ENV_ADAPTER_TOKEN] == "<secret>"  # from the Secret, never a literal
+        assert env[ENV_DATA_TOKEN] == "<secret>"   # every role's doors closed, with the token from the Secret
+        svc = by_kind[("Service", role)]
+        assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"grpc": grpc_port, "http": http_port}
+    trainer_env = container_env(containers(by_kind[("Job", "trainer")])[0], by_kind)
+    for key, role in ((trainer_server.ENV_EXPLORER_ADDRS, "explorer"),
+                      (trainer_server.ENV_REGENERATOR_ADDRS, "regenerator")):
+        (addr,) = trainer_server.parse_addrs(trainer_env[key], key)
+        assert addr == f"{trainer_server.ALL_PREFIX}{role}-pods:{PORTS[role][0]}"
+        assert by_kind[("Service", f"{role}-pods")]["spec"]["clusterIP"] == "None"  # headless: every pod
+    # the trainer: torchrun in an indexed Job's pods, static rendezvous at the index-0 pod, which the Service selects
+    job = by_kind[("Job", "trainer")]
+    (c,) = containers(job)
+    env = container_env(c, by_kind)
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == int(env["PET_NNODES"])
+    assert c["command"] == ["torchrun", "--no-python", "solrl", "serve", "trainer"]
+    pods = by_kind[("Service", "trainer-pods")]["spec"]
+    assert job["spec"]["template"]["spec"]["subdomain"] == "trainer-pods" and pods["clusterIP"] == "None"
+    assert pods["publishNotReadyAddresses"] is True   # the rendezvous comes before readiness
+    assert env["PET_MASTER_ADDR"] == "trainer-0.trainer-pods" and env["PET_NODE_RANK"] == "0"
+    assert {p["port"] for p in pods["ports"]} == {int(env["PET_MASTER_PORT"])}
+    assert by_kind[("Service", "trainer")]["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
+    redis = by_kind[("StatefulSet", "redis")]
+    (c,) = containers(redis)
+    assert "--appendonly" in c["args"] and redis["spec"]["volumeClaimTemplates"]
+    # the ACL is written at start by the same script compose runs, from the solrl-redis Secret (no password in args)
+    assert c["args"][:4] == ["sh", "/etc/solrl-redis/redis-acl.sh", "/run/redis/users.acl", "redis-server"]
+    script = {v["name"]: v for v in redis["spec"]["template"]["spec"]["volumes"]}["acl-script"]["configMap"]["name"]
+    assert by_kind[("ConfigMap", script)]["data"]["redis-acl.sh"] == REDIS_ACL_SCRIPT.read_text()
+    refs = {e["name"]: e["valueFrom"].get("secretKeyRef") or e["valueFrom"]["configMapKeyRef"] for e in c["env"]}
+    for role in (*QUEUE_ROLES, "keda"):
+        ref = refs[f"SOLRL_REDIS_{role.upper()}_PASSWORD"]
+        assert ref["name"].startswith("solrl-redis-") and ref["key"] == role
+        assert ref["key"] in by_kind[("Secret", ref["name"])]["data"]
+    assert {n for k, n in by_kind if k == "PodDisruptionBudget"} >= {"explorer", "regenerator", "reward"}
+
+
+def overlay_run(by_kind: dict):
+    """The run the overlay's trainer trains, resolved from its Job's args and env as its entry resolves them
+    (SOLRL_PRESET or the base's run.json, then SOLRL_SET), and that env."""
+    (c,) = containers(by_kind[("Job", "trainer")])
+    env = container_env(c, by_kind)
+    args = [str(ROOT / "k8s" / "base" / "run.json") if a == "/etc/solrl/run.json" else a for a in c.get("args", [])]
+    parser = argparse.ArgumentParser()
+    trainer_server.add_arguments(parser, env)
+    return trainer_server.run_config(parser.parse_args(args))[0], env
+
+
+# overlay: (the GPU kind it places on, the explorer's Transformer Engine format, the preset it trains)
+GPU_OVERLAYS = {"b200": ("b200", "nvfp4", ""), "hopper": ("h100", "fp8", "sd35l-sol-rl")}
+
+
+@pytest.mark.parametrize("overlay", GPU_OVERLAYS)
+def test_gpu_overlays_explore_with_their_generation_s_format(k8s_tree, overlay, cuda_stand_in):
+    """The run env every role reads sets the Transformer Engine format the GPU generation has and the device, and the
+    run config it yields validates (the same resolution the services do). The hopper overlay trains SD3.5-Large:
+    its weights and prompt files on the HF cache volume every pod mounts, its reward served by the reward pods."""
+    _, backend, preset = GPU_OVERLAYS[overlay]
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(k8s_tree, overlay)}
+    cfg, env = overlay_run(by_kind)
+    assert env["SOLRL_PRESET"] == preset
+    assert cfg.rollout.explore_precision.backend == backend and cfg.model.device == "cuda"
+    (reward,) = containers(by_kind[("Deployment", "reward")])
+    served = reward["args"][reward["args"].index("--rewards") + 1].split(",") if "--rewards" in reward["args"] \
+        else list(DEFAULT_REWARDS)
+    assert cfg.reward in served and (cfg.eval.reward or cfg.reward) in served
+    if preset:   # a real model: weights and prompts from the volume components/gpu mounts at /cache/hf
+        assert cfg.model.name == "sd3.5-large" and cfg.model.path.startswith("/cache/hf/")
+        assert cfg.prompts.train.startswith("/cache/hf/") and cfg.prompts.eval.startswith("/cache/hf/")
+        for kind, role in (("Deployment", "explorer"), ("Deployment", "regenerator"), ("Job", "trainer")):
+            (c,) = containers(by_kind[(kind, role)])
+            assert "/cache/hf" in {m["mountPath"] for m in c["volumeMounts"]}, role
+            claim = {v["name"]: v for v in by_kind[(kind, role)]["spec"]["template"]["spec"]["volumes"]}["hf-cache"]
+            assert claim["persistentVolumeClaim"]["claimName"] == "solrl-hf-cache", role
+
+
+@pytest.mark.parametrize("overlay", GPU_OVERLAYS)
+def test_gpu_overlays_place_the_roles_as_the_plan_does(k8s_tree, overlay, cuda_stand_in):
+    """The plan of the overlay's own run (SOLRL_PRESET or run.json, and its SOLRL_SET, as the trainer resolves them)
+    on 8 GPUs of its kind gives the overlay's replicas, the trainer's ranks and GPUs and its gradient checkpointing;
+    each pod's memory holds its role's plan (a process stages its weights in host memory while loading; the
+    trainer's pod holds one process per rank and the memory-backed /dev/shm)."""
+    gpu = GPU_OVERLAYS[overlay][0]
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(k8s_tree, overlay)}
+    (c,) = containers(by_kind[("Job", "trainer")])
+    cfg, env = overlay_run(by_kind)
+    best = _plan(cfg, gpu, "disaggregated").best
+    assert by_kind[("Deployment", "explorer")]["spec"]["replicas"] == best.explorers
+    assert by_kind[("Deployment", "regenerator")]["spec"]["replicas"] == best.regenerators
+    assert int(env["PET_NPROC_PER_NODE"]) == c["resources"]["limits"]["nvidia.com/gpu"] == best.trainer_ranks > 1
+    assert best.explorers + best.regenerators + best.trainer_ranks + 1 == 8   # + the reward's GPU
+    assert not best.over_gb and (cfg.train.gradient_checkpointing == "true") == best.gradient_checkpointing
+    shm = {v["name"]: v for v in by_kind[("Job", "trainer")]["spec"]["template"]["spec"]["volumes"]}["dshm"]
+    for kind, role in (("Deployment", "explorer"), ("Deployment", "regenerator"), ("Deployment", "reward"),
+                       ("Job", "trainer")):
+        (rc,) = containers(by_kind[(kind, role)])
+        need = best.memory_gb[role] * (best.trainer_ranks if role == "trainer" else 1) * 1e9
+        if role == "trainer":
+            need += _bytes(shm["emptyDir"]["sizeLimit"])
+        assert _bytes(rc["resources"]["requests"]["memory"]) >= need, (role, rc["resources"], need / 1e9)
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    return int(quantity[:-2]) * units[quantity[-2:]] if quantity[-2:] in units else int(quantity)
+
+
+def test_run_config_in_the_configmap_loads():
+    from solrl.config import RunConfig
+
+    cfg = RunConfig.load(ROOT / "k8s" / "base" / "run.json").validate()
+    assert cfg.rollout.mode == "sol_rl"
+
+
+def test_keda_scaledobject_targets_the_explore_stream():
+    """ScaledObject fields as KEDA documents them (keda.sh, scalers/redis-streams); kubernetes-validate
+    has no schema for this CRD, so this checks the fields and that they name what the queue uses."""
+    import jsonschema
+
+    schema = {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "keda.sh/v1alpha1"}, "kind": {"const": "ScaledObject"},
+            "spec": {"type": "object", "required": ["scaleTargetRef", "triggers"], "additionalProperties": False,
+                     "properties": {
+                         "scaleTargetRef": {"type": "object", "required": ["name"]},
+                         "minReplicaCount": {"type": "integer", "minimum": 0},
+                         "maxReplicaCount": {"type": "integer", "minimum": 1},
+                         "cooldownPeriod": {"type": "integer"}, "pollingInterval": {"type": "integer"},
+                         "triggers": {"type": "array", "minItems": 1, "items": {
+                             "type": "object", "required": ["type", "metadata"],
+                             "properties": {"type": {"const": "redis-streams"}, "metadata": {
+                                 "type": "object", "required": ["stream", "consumerGroup", "pendingEntriesCount"],
+                                 "additionalProperties": {"type": "string"}}}}}}}}}
+    docs = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "k8s" / "components" / "keda" / "scaledobject.yaml")
+                                                     .read_text())}
+    doc = docs["ScaledObject"]
+    jsonschema.validate(doc, schema)
+    (trigger,) = doc["spec"]["triggers"]
+    meta = trigger["metadata"]
+    assert meta["stream"] == f"{DEFAULT_NAMESPACE}:{STREAM_EXPLORE}" and meta["consumerGroup"] == GROUP_EXPLORERS
+    assert doc["spec"]["scaleTargetRef"]["name"] == "explorer"
+    # it reads Redis as the read-only keda ACL user, its password from the Secret (TriggerAuthentication, as KEDA
+    # documents it)
+    auth = docs["TriggerAuthentication"]
+    assert meta["username"] == "keda" and trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
+    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "solrl-redis", "key": "keda"}]
+    assert "user keda on" in REDIS_ACL_SCRIPT.read_text()
+
+
+def test_keda_component_in_an_overlay_names_the_generated_secret(k8s_tree):
+    (k8s_tree / "overlays" / "cpu-demo" / "kustomization.yaml").write_text(
+        (k8s_tree / "overlays" / "cpu-demo" / "kustomization.yaml").read_text()
+        .replace("components:\n", "components:\n  - ../../components/keda\n"))
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(k8s_tree, "cpu-demo")}
+    (ref,) = by_kind[("TriggerAuthentication", "solrl-redis-keda")]["spec"]["secretTargetRef"]
+    assert "keda" in by_kind[("Secret", ref["name"])]["data"]   # the hashed name kustomize gave it
+
+
+@pytest.mark.parametrize("missing", ["adapter-token.txt", "data-token.txt", "queue-key.txt", "redis-passwords.env"])
+def test_gpu_overlays_refuse_to_render_without_a_secret_file(k8s_tree, missing):
+    (k8s_tree / "overlays" / "b200" / missing).unlink()
+    out = subprocess.run([tool("kubectl"), "kustomize", str(k8s_tree / "overlays" / "b200")], capture_output=True,
+                         text=True, check=False)
+    assert out.returncode != 0 and missing in out.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------------ Dockerfile
+
+# One parametrised Dockerfile builds every role. No engine here, so the test builds its image
+# *configuration* the way BuildKit would for the subset of the syntax the file uses (global and stage
+# ARGs, FROM <stage> inheritance, ENV / EXPOSE / USER substitution, HEALTHCHECK, ENTRYPOINT), and runs
+# for real the RUN steps that read the build arguments (the checks that make a bad build fail).
+DOCKERFILE = ROOT / "services" / "Dockerfile"
+FLAVORS = ("cpu", "gpu")
+
+
+class BuildRefused(Exception):
+    """A RUN step of the build failed: what `docker build` would stop on, with the step's stderr."""
+
+
+class Image:
+    def __init__(self) -> None:
+        self.stages: list[str] = []       # the stages the target is made of, base first
+        self.env: dict[str, str] = {}     # the image's ENV
+        self.user: str | None = None
+        self.expose: list[str] = []
+        self.healthcheck: list[str] | None = None
+        self.entrypoint: list[str] | None = None
+        self.runs: list[str] = []         # every RUN, in build order
+        self.checks: list[str] = []       # the RUNs that read a build argument, run here
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments): comments dropped, line continuations joined as Docker joins them."""
+    out, pending = [], None
+    for line in text.splitlines():
+        if line.lstrip().startswith("#") or (pending is None and not line.strip()):
+            continue
+        if line.endswith("\\"):
+            pending = (pending or "") + line[:-1]
+            continue
+        word, _, rest = ((pending or "") + line).strip().partition(" ")
+        out.append((word.upper(), rest.strip()))
+        pending = None
+    assert pending is None, "the Dockerfile ends in a line continuation"
+    return out
+
+
+def _expand(word: str, variables: dict[str, str]) -> str:
+    out = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: variables.get(m.group(1) or m.group(2)) or "", word)
+    assert "$" not in out, f"unmodelled substitution in {word!r}"
+    return out
+
+
+def dockerfile_image(args: dict[str, str], target: str | None = None) -> Image:
+    """The image `docker build -f services/Dockerfile [--target T] --build-arg K=V ...` makes, as configuration;
+    BuildRefused if one of its checks fails."""
+    global_args: dict[str, str | None] = {}
+    stages: list[dict] = []
+    for instr, rest in dockerfile_instructions(DOCKERFILE.read_text()):
+        if instr == "FROM":
+            m = re.fullmatch(r"(\S+)(?:\s+AS\s+(\S+))?", rest, re.IGNORECASE)
+            stages.append({"base": m.group(1), "name": m.group(2), "body": []})
+        elif not stages:
+            assert instr == "ARG", f"only ARG may precede the first FROM, not {instr}"
+            name, eq, default = rest.partition("=")
+            global_args[name] = default if eq else None
+        else:
+            stages[-1]["body"].append((instr, rest))
+    named = {s["name"]: s for s in stages if s["name"]}
+    globals_ = {k: args.get(k, v) for k, v in global_args.items() if args.get(k, v) is not None}
+    image = Image()
+
+    def build(stage: dict) -> None:
+        base = _expand(stage["base"], globals_)
+        if base in named:
+            build(named[base])           # FROM <stage>: its filesystem and configuration
+        else:
+            image.stages.append(base)    # an external image: its configuration is not modelled
+        image.stages.append(stage["name"] or "(last stage)")
+        scope: dict[str, str] = {}       # the build arguments this stage declared
+        for instr, rest in stage["body"]:
+            variables = {**scope, **image.env}
+            if instr == "ARG":
+                name, eq, default = rest.partition("=")
+                value = args.get(name, _expand(default, variables) if eq else globals_.get(name))
+                scope[name] = value   # None: declared, not set
+            elif instr == "ENV":
+                for item in shlex.split(rest):
+                    key, eq, value = item.partition("=")
+                    assert eq, f"ENV {rest}: use KEY=VALUE"
+                    image.env[key] = _expand(value, variables)
+            elif instr == "RUN":
+                image.runs.append(rest)
+                if any(re.search(rf"\$\{{?{name}\b", rest) for name in scope):
+                    assert not re.search(r"\b(pip|apt-get|useradd|chown|curl|wget)\b", rest), \
+                        f"a RUN reading build arguments should only check them: {rest}"
+                    image.checks.append(rest)
+                    env = {"PATH": os.environ["PATH"], **image.env,
+                           **{k: v for k, v in scope.items() if v is not None and k not in image.env}}
+                    proc = subprocess.run(["sh", "-c", rest], env=env, capture_output=True, text=True, check=False)
+                    if proc.returncode != 0:
+                        raise BuildRefused(proc.stderr.strip())
+            elif instr == "USER":
+                image.user = _expand(rest, variables)
+            elif instr == "EXPOSE":
+                image.expose += _expand(rest, variables).split()
+            elif instr == "HEALTHCHECK":
+                image.healthcheck = json.loads(rest.split(" CMD ", 1)[1])
+            elif instr == "ENTRYPOINT":
+                image.entrypoint = json.loads(rest)
+            else:
+                assert instr in ("WORKDIR", "COPY"), f"unmodelled instruction {instr} {rest}"
+
+    build(named[target] if target else stages[-1])
+    return image
+
+
+TE_ROLES = {"explorer"}   # the roles whose GPU image carries Transformer Engine (services/Dockerfile's ENGINE)
+TE_VERSION = "2.20.2"
+
+
+def role_args(role: str, flavor: str = "cpu") -> dict[str, str]:
+    grpc_port, http_port = PORTS[role]
+    engine = "te" if flavor == "gpu" and role in TE_ROLES else "none"
+    return {"FLAVOR": flavor, "ENGINE": engine, "ROLE": role, "GRPC_PORT": str(grpc_port), "HTTP_PORT": str(http_port)}
+
+
+def entry_command(image: Image, args: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """The command the image's ENTRYPOINT runs with `args` after the image name (a stand-in `solrl`
+    on PATH prints its argv)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as stub_dir:
+        stub = Path(stub_dir) / "solrl"
+        stub.write_text(f"#!/bin/sh\nexec '{sys.executable}' -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "
+                        '"$@"\n')
+        stub.chmod(0o755)
+        proc = subprocess.run([*image.entrypoint, *args], capture_output=True, text=True, check=True, timeout=30,
+                              env={"PATH": f"{stub_dir}:{os.environ['PATH']}", **image.env, **(env or {})})
+    return ["solrl", *json.loads(proc.stdout)]
+
+
+def run_healthcheck(image: Image, env: dict[str, str] | None = None) -> int:
+    """The image's HEALTHCHECK command, verbatim, in the container's environment (the image's ENV, then
+    what the container is given)."""
+    assert image.healthcheck[0] == "python"
+    proc = subprocess.run([sys.executable, *image.healthcheck[1:]], capture_output=True, text=True, timeout=30,
+                          check=False, env={**os.environ, **image.env, **(env or {})})
+    return proc.returncode
+
+
+class _Healthz:
+    """A stand-in ops server: 200 on /healthz."""
+
+    def __init__(self, port: int) -> None:
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                self.send_response(200 if self.path == "/healthz" else 404)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_dockerfile_targets_user_healthcheck_and_entry(role):
+    assert sorted(ROOT.glob("services/**/Dockerfile")) == [DOCKERFILE]  # one file for every role
+    for flavor, target in [(f, f) for f in FLAVORS] + [(f, None) for f in FLAVORS]:
+        image = dockerfile_image(role_args(role, flavor), target)
+        where = f"{role}, FLAVOR={flavor}, --target {target}"
+        assert f"{flavor}-base" in image.stages and f"{'gpu' if flavor == 'cpu' else 'cpu'}-base" not in image.stages
+        assert image.checks, "the build checks its arguments"
+        base_runs = " ".join(image.runs)
+        assert ("torch==2.13.0" in base_runs) == (flavor == "cpu"), where   # the GPU base brings its own torch
+        # Transformer Engine in exactly the roles that run it, pinned, from the te-wheels stage, import-checked
+        te_runs = [r for r in image.runs if "transformer-engine" in r or "transformer_engine" in r]
+        if flavor == "gpu" and role in TE_ROLES:
+            assert "app-te" in image.stages and len(te_runs) == 1, where
+            assert f'"transformer-engine[pytorch]=={TE_VERSION}"' in te_runs[0], where
+            assert "from=te-wheels" in te_runs[0] and "--find-links /wheels" in te_runs[0], where
+            assert te_runs[0].endswith('python -c "import transformer_engine.pytorch, peft"'), where
+        else:
+            assert "app-te" not in image.stages and not te_runs, where
+        assert any("python -m solrl.protos_build" in r for r in image.runs)  # stubs generated in the build
+        assert image.user and image.user not in ("root", "0"), where
+        assert any(f"useradd --uid {image.user} " in r for r in image.runs), where
+        assert any(f"mkdir -p /runs && chown {image.user}:{image.user} /runs" in r for r in image.runs), where
+        grpc_port, http_port = PORTS[role]
+        assert image.expose == [str(grpc_port), str(http_port)], where
+        assert (image.env[ENV_GRPC_PORT], image.env[ENV_HTTP_PORT]) == (str(grpc_port), str(http_port)), where
+        # the image's SOLRL_* defaults are names its `solrl serve` reads (and the role for the entry)
+        assert {k for k in image.env if k.startswith("SOLRL_")} - {"SOLRL_ROLE"} <= READS[role], where
+        assert image.env["HF_HUB_OFFLINE"] == "1", where
+        # ENTRYPOINT: `solrl serve <role>`, the container's arguments appended unchanged
+        assert entry_command(image, []) == ["solrl", "serve", role], where
+        assert entry_command(image, ["--threads", "1", "a b"]) == ["solrl", "serve", role, "--threads", "1", "a b"]
+    # HEALTHCHECK: GET /healthz on the image's ops port (HTTP_PORT), or on the one the container is given
+    port, other = free_port(), free_port()
+    image = dockerfile_image({**role_args(role), "HTTP_PORT": str(port)}, "cpu")
+    assert run_healthcheck(image) != 0
+    server = _Healthz(port)
+    try:
+        assert run_healthcheck(image) == 0
+        assert run_healthcheck(image, {ENV_HTTP_PORT: str(other)}) != 0
+    finally:
+        server.close()
+
+
+def test_transformer_engine_is_built_once_pinned_for_hopper_and_blackwell():
+    """The te-wheels stage: every Transformer Engine package at one pinned version (the `gpu` extra's), the PyTorch
+    binding compiled for sm_90 and sm_100 only; never in the CPU / test install."""
+    import tomllib
+
+    stages = re.split(r"^FROM ", DOCKERFILE.read_text(), flags=re.MULTILINE)
+    (te,) = [st for st in stages if st.split("\n", 1)[0].endswith(" AS te-wheels")]
+    env = dict(i.partition("=")[::2] for instr, rest in dockerfile_instructions("FROM x\n" + te) if instr == "ENV"
+               for i in shlex.split(rest))
+    assert env["NVTE_CUDA_ARCHS"] == "90;100" and env["TORCH_CUDA_ARCH_LIST"] == "9.0;10.0", env
+    assert env["NVTE_FRAMEWORK"] == "pytorch" and int(env["MAX_JOBS"]) > 0
+    pins = re.findall(r"transformer[-_]engine[\w\-\[\]]*==([\w.]+)", DOCKERFILE.read_text())
+    assert len(pins) >= 4 and set(pins) == {TE_VERSION}, pins
+    assert "transformer-engine-torch==" in te and "--no-build-isolation" in te
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert extras["gpu"] == [f"transformer-engine[pytorch]=={TE_VERSION}"]
+    assert not [d for name, deps in extras.items() if name != "gpu" for d in deps if "transformer" in d and "engine" in d]
+
+
+def test_dockerfile_refuses_a_missing_or_unknown_role_and_a_mismatched_flavor():
+    good = role_args("explorer")
+    dockerfile_image(good, "cpu")
+    for args, target, says in [
+        ({k: v for k, v in good.items() if k != "ROLE"}, "cpu", "ROLE"),
+        ({**good, "ROLE": "rewards"}, "cpu", "ROLE"),
+        ({**good, "ROLE": ""}, None, "ROLE"),
+        ({k: v for k, v in good.items() if k != "GRPC_PORT"}, "cpu", "GRPC_PORT"),
+        ({k: v for k, v in good.items() if k != "HTTP_PORT"}, "cpu", "HTTP_PORT"),
+        ({**good, "HTTP_PORT": "80a"}, "cpu", "HTTP_PORT"),
+        ({k: v for k, v in good.items() if k != "FLAVOR"}, "gpu", "FLAVOR=gpu"),   # --target gpu, CPU base
+        (role_args("explorer", "gpu"), "cpu", "FLAVOR=cpu"),
+        # Transformer Engine in the GPU explorer, and nowhere else
+        ({**role_args("explorer", "gpu"), "ENGINE": "none"}, "gpu", "takes ENGINE=te"),
+        ({**role_args("reward", "gpu"), "ENGINE": "te"}, "gpu", "takes ENGINE=none"),
+        ({**role_args("trainer", "gpu"), "ENGINE": "te"}, "gpu", "takes ENGINE=none"),
+        ({**role_args("regenerator", "gpu"), "ENGINE": "te"}, "gpu", "takes ENGINE=none"),
+        ({**good, "ENGINE": "te"}, "cpu", "takes ENGINE=none"),
+    ]:
+        with pytest.raises(BuildRefused, match=re.escape(says)):
+            dockerfile_image(args, target)
+    # --target cpu with no FLAVOR is the CPU image (FLAVOR defaults to cpu)
+    assert "cpu-base" in dockerfile_image({k: v for k, v in good.items() if k != "FLAVOR"}, "cpu").stages
+
+
+def test_trainer_expands_headless_service_addresses():
+    addrs = trainer_server.parse_addrs("all+127.0.0.1:8011, explorer-0:8011", "x")
+    assert trainer_server.expand_addrs(addrs) == ["127.0.0.1:8011", "explorer-0:8011"]
+    with pytest.raises(RuntimeError, match="cannot resolve 'all\\+no-such-host.invalid:1'"):
+        trainer_server.expand_addrs(["all+no-such-host.invalid:1"])
+    with pytest.raises(ValueError, match="host:port"):
+        trainer_server.parse_addrs("all+nohostport", "x")
+
+
+# ------------------------------------------------------------------ the entry commands, run
+
+def grpc_serving(port: int) -> bool:
+    """grpc.health.v1 Check with the empty service name: what a k8s `grpc:` probe sends."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        try:
+            reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+# ------------------------------------------------------------------ the CPU compose file, run as shipped
+
+# A 2-epoch run small enough for CI, given to every role the way a user gives it: SOLRL_SET.
+DEPLOY_SET = ("epochs=2 rollout.prompts_per_epoch=2 rollout.pool=4 rollout.kept=2 rollout.explore_steps=2 "
+              "rollout.steps=3 train.micro_batch=4 eval.prompts=2 eval.seeds_per_prompt=1 eval.every=0 eval.steps=2")
+TOKEN = "deploy-test-token-3f9c"
+COMPOSE_ORDER = ("reward", "explorer", "regenerator", "trainer")
+
+
+def start_container_process(argv: list[str], env: dict[str, str], log_path: Path, cwd: Path,
+                            grpc_port: int | None) -> subprocess.Popen:
+    """A container's command as a local process (`solrl` and torchrun on PATH, as in the image; one CPU thread here),
+    its output in `log_path`; with `grpc_port`, once it answers SERVING there (what the probes ask)."""
+    with open(log_path, "w") as log:
+        path = f"{Path(tool('solrl')).parent}{os.pathsep}{os.environ['PATH']}"
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, **env, "OMP_NUM_THREADS": "1", "PATH": path})
+    deadline = time.monotonic() + 120
+    while grpc_port is not None and not grpc_serving(grpc_port):
+        assert proc.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, f"{argv} not SERVING after 120 s: {log_path.read_text()}"
+        time.sleep(0.3)
+    return proc
+
+
+class ComposeAsProcesses:
+    """A compose file (`file`, docker-compose.cpu.yml by default; its services `names`) as `docker-compose config`
+    resolves it (its own interpolation of the user's environment), each service started as its container would
+    be: the ENTRYPOINT of the image its `build` section makes of services/Dockerfile (`solrl serve <role>`, run
+    verbatim with `solrl` on PATH),
+    the service's `command`, the image's SOLRL_* ENV under the service's `environment` (the image's other
+    ENV names container paths: HF_HOME=/cache/hf). The `redis` service too: its command (k8s/base/redis-acl.sh,
+    which the file mounts, writing the ACL file and starting redis-server) and environment (the roles'
+    passwords), with a port, directory and ACL file of this machine (a fresh namespace). What a container
+    network gives is moved to this machine: every `service:port` to 127.0.0.1 and a free port, the `runs`
+    volume to a directory."""
+
+    def __init__(self, tmp: Path, user_env: dict[str, str], namespace: str, file: str = "docker-compose.cpu.yml",
+                 names: tuple[str, ...] = COMPOSE_ORDER) -> None:
+        exe = tool("docker-compose")
+        out = subprocess.run([exe, "-f", file, "config"], cwd=ROOT, check=True, text=True,
+                             capture_output=True, env={**os.environ, **user_env})
+        self.compose = yaml.safe_load(out.stdout)
+        self.services = self.compose["services"]
+        self.images = {name: dockerfile_image({k: str(v) for k, v in self.services[name]["build"]["args"].items()},
+                                              self.services[name]["build"]["target"]) for name in names}
+        self.tmp, self.runs = tmp, tmp / "runs"
+        self.runs.mkdir(parents=True, exist_ok=True)
+        self.moved = {"redis:6379": f"127.0.0.1:{free_port()}"}
+        for name in names:
+            env = self.services[name]["environment"]
+            for key in (ENV_GRPC_PORT, ENV_HTTP_PORT):
+                self.moved[f"{name}:{env[key]}"] = f"127.0.0.1:{free_port()}"
+        self.namespace = namespace
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: list[Path] = []
+
+    def port(self, name: str, key: str) -> int:
+        return int(self.moved[f"{name}:{self.services[name]['environment'][key]}"].rpartition(":")[2])
+
+    def start_redis(self) -> subprocess.Popen:
+        """The compose file's redis service as a local process (class doc), answering PING when this returns."""
+        import redis as redis_py
+
+        svc = self.services["redis"]
+        command = svc["command"]
+        mounts = dict(reversed(v.split(":")[:2]) for v in svc["volumes"] if v.count(":") == 2)
+        script = mounts[command[1]]   # the host file the container runs
+        port = int(self.moved["redis:6379"].rpartition(":")[2])
+        (self.tmp / "redis").mkdir(exist_ok=True)
+        argv = ["sh", script, str(self.tmp / "redis" / "users.acl"), *command[3:],
+                "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.tmp / "redis")]
+        env = {k: str(v) for k, v in svc["environment"].items()}
+        env[ENV_QUEUE_NAMESPACE] = self.namespace
+        log_path = self.tmp / "redis.log"
+        self.logs.append(log_path)
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(argv, cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT,
+                                    env={"PATH": os.environ["PATH"], **env})
+        self.procs["redis"] = proc
+        client, deadline = redis_py.Redis(port=port), time.monotonic() + 30
+        while True:   # the compose healthcheck: an unauthenticated PING
+            try:
+                client.ping()
+                return proc
+            except redis_py.ConnectionError:
+                assert proc.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.1)
+
+    def env(self, name: str) -> dict[str, str]:
+        env = {k: v for k, v in self.images[name].env.items() if k.startswith("SOLRL_")}
+        for key, value in self.services[name]["environment"].items():
+            value = str(value)
+            for there, here in self.moved.items():
+                value = value.replace(there, here)
+            env[key] = value
+        env[ENV_HOST] = "127.0.0.1"
+        env[ENV_GRPC_PORT], env[ENV_HTTP_PORT] = str(self.port(name, ENV_GRPC_PORT)), str(self.port(name, ENV_HTTP_PORT))
+        if ENV_QUEUE_NAMESPACE in env:
+            env[ENV_QUEUE_NAMESPACE] = self.namespace
+        assert not [k for k, v in env.items() if "${" in v], env   # compose interpolated everything
+        return env
+
+    def argv(self, name: str) -> list[str]:
+        volumes = [str(v) for v in self.services[name].get("volumes", [])]
+        args = []
+        for a in self.services[name].get("command", []):
+            if a.startswith("/runs/"):
+                # the named volume (created from the image's /runs, which its uid 10001 owns), not a bind mount
+                assert [v for v in volumes if v.split(":")[:2] == ["runs", "/runs"]], volumes
+                assert "runs" in self.compose["volumes"]
+                a = str(self.runs / a.removeprefix("/runs/"))
+            args.append(a)
+        image = self.images[name]
+        assert entry_command(image, args, self.env(name)) == ["solrl", "serve", role_of(name), *args]
+        return [*image.entrypoint, *args]
+
+    def start(self, name: str, wait: bool = True) -> subprocess.Popen:
+        log_path = self.tmp / f"{name}-{len(self.logs)}.log"
+        self.logs.append(log_path)
+        proc = start_container_process(self.argv(name), self.env(name), log_path, self.tmp,
+                                       self.port(name, ENV_GRPC_PORT) if wait else None)
+        self.procs[name] = proc
+        return proc
+
+    def healthcheck(self, name: str, port: int) -> int:
+        """The image's HEALTHCHECK command, verbatim, against `port`."""
+        return run_healthcheck(self.images[name], {ENV_HTTP_PORT: str(port)})
+
+    def wait(self, name: str, timeout: float) -> int:
+        try:
+            return self.procs[name].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{name} still running after {timeout} s: {self.logs[-1].read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _redis_server_or_skip() -> None:
+    if shutil.which("redis-server") is None:
+        if REQUIRE:
+            pytest.fail("redis-server not found")
+        pytest.skip("redis-server not installed (Debian: redis-server)")
+
+
+def _redis_or_skip(url: str):
+    import redis
+
+    try:
+        redis.Redis.from_url(url).ping()
+    except redis.RedisError:
+        if REQUIRE:
+            pytest.fail(f"no Redis at {url}")
+        pytest.skip(f"no Redis at {url}")
+    return redis.Redis.from_url(url)
+
+
+def _run_stack(tmp: Path, run_id: str, restart_trainer: bool) -> tuple[Path, ComposeAsProcesses]:
+    """reward, explorer, regenerator, trainer in compose's dependency order; the trainer runs to its end
+    (with restart_trainer: killed once its first epoch is checkpointed and started again, unchanged)."""
+    stack = ComposeAsProcesses(tmp, {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_SET": DEPLOY_SET,
+                                     "SOLRL_RUN_ID": run_id}, f"solrl-test-deploy-{run_id}-{os.getpid()}")
+    run_dir = stack.runs / run_id
+    try:
+        stack.start_redis()
+        for name in COMPOSE_ORDER[:3]:
+            stack.start(name)
+            # the image's HEALTHCHECK passes against the service and fails against a port nobody serves
+            assert stack.healthcheck(name, stack.port(name, ENV_HTTP_PORT)) == 0
+            assert stack.healthcheck(name, free_port()) != 0
+        trainer = stack.start("trainer", wait=False)
+        forge_rollouts(stack)
+        if restart_trainer:
+            deadline = time.monotonic() + 300
+            while not (run_dir / "checkpoints" / "latest").exists():
+                assert trainer.poll() is None, stack.logs[-1].read_text()
+                assert time.monotonic() < deadline, "no checkpoint after 300 s"
+                time.sleep(0.2)
+            trainer.kill()                      # as a node loss or OOM kill: no clean shutdown
+            trainer.wait(timeout=30)
+            stack.start("trainer", wait=False)  # a Job / compose restart: the same arguments, no --resume
+        assert stack.wait("trainer", 600) == 0, stack.logs[-1].read_text()[-3000:]
+    finally:
+        stack.stop()
+    return run_dir, stack
+
+
+def forge_rollouts(stack: ComposeAsProcesses) -> None:
+    """What a neighbour who learnt the regenerator's Redis password could do: XADD Rollouts that are not signed with
+    the run's queue key (one unsigned, one signed with another key). The trainer must drop both and finish as if they
+    were never there; the explorer's user may not write the stream at all (NOPERM)."""
+    import redis as redis_py
+
+    from solrl.queue import message_tag
+
+    port = int(stack.moved["redis:6379"].rpartition(":")[2])
+    regen = redis_py.Redis(port=port, username="regenerator", password=stack.env("regenerator")[ENV_REDIS_PASSWORD])
+    key = f"{stack.namespace}:rollouts"
+    regen.xadd(key, {"p": b"forged, unsigned", "k": "forged-1:0"})
+    tag = message_tag(b"not-the-run-key-0123456789", stack.namespace, "rollouts", "forged-2:0", b"forged")
+    regen.xadd(key, {"p": tag + b"forged", "k": "forged-2:0"})
+    explorer = redis_py.Redis(port=port, username="explorer", password=stack.env("explorer")[ENV_REDIS_PASSWORD])
+    with pytest.raises(redis_py.exceptions.NoPermissionError):
+        explorer.xadd(key, {"p": b"x"})
+
+
+@pytest.mark.slow
+def test_cpu_compose_as_shipped_finishes_a_run_and_a_restarted_trainer_ends_where_it_would_have(tmp_path):
+    """Every service of docker-compose.cpu.yml with its own command and environment; one 2-epoch run
+    uninterrupted, one whose trainer is killed after epoch 1 and restarted with the same arguments.
+    Both end with the same adapter bytes; the restarted run has each epoch's metrics once. Redis is the file's own
+    (a password per role, ACL users); every message is signed with SOLRL_QUEUE_KEY, and two forged rollouts
+    are dropped and logged, never trained on. No secret appears in any log."""
+    _redis_server_or_skip()
+    straight, _ = _run_stack(tmp_path / "a", "straight", restart_trainer=False)
+    restarted, stack = _run_stack(tmp_path / "b", "restarted", restart_trainer=True)
+    for run_dir in (straight, restarted):
+        assert (run_dir / "checkpoints" / "latest").read_text().strip() == "epoch_0002"
+    a, b = (d / "adapter_ema.safetensors" for d in (straight, restarted))
+    assert a.read_bytes() == b.read_bytes()
+    for name in ("adapters.safetensors",):
+        assert (straight / "checkpoints" / "epoch_0002" / name).read_bytes() == \
+            (restarted / "checkpoints" / "epoch_0002" / name).read_bytes()
+    epochs = [json.loads(line)["epoch"] for line in (restarted / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [0, 1, 2]
+    trainer_logs = [p.read_text() for p in stack.logs if p.name.startswith("trainer")]
+    assert "resum" in trainer_logs[1].lower() and "after epoch 1" in trainer_logs[1]
+    assert "dropped message" in trainer_logs[0] and "forged-1:0" in trainer_logs[0], trainer_logs[0][-3000:]
+    for log in stack.logs:
+        for secret in (TOKEN, *COMPOSE_SECRETS.values()):
+            assert secret not in log.read_text(), log.name   # no secret is ever printed
+
+
+def _role_settings(role: str, args: list[str], env: dict[str, str], files: dict[str, Path]):
+    """What `solrl serve <role>` started with `args` and `env` trains or serves: the trainer's run config,
+    or a rollout service's settled model / precisions / reward (as its Info RPC reports them)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from services.rollout.shell import settle_role_args
+
+    args = [str(files.get(a, a)) for a in args]
+    parser = argparse.ArgumentParser()
+    ROLES[role].add_arguments(parser, env)
+    parsed = parser.parse_args(args)
+    if role == "trainer":
+        return trainer_server.run_config(parsed)[0]
+    s = settle_role_args(parsed, role)
+    return SimpleNamespace(model=s.model, model_path=s.model_path or "", base_precision=s.base_precision,
+                           reward=s.reward, precision=s.precision, device=str(torch.device(s.device)) if s.device else "")
+
+
+def _assert_one_run(where: str, roles: dict[str, tuple[list[str], dict[str, str]]], files: dict[str, Path]) -> None:
+    cfg = _role_settings("trainer", *roles.pop("trainer"), files)
+    for name, (args, env) in roles.items():
+        info = _role_settings(role_of(name), args, env, files)
+        problems = trainer_server.worker_mismatches(role_of(name), name, info, cfg)
+        assert not problems, f"{where}: {problems}"
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_compose_gives_every_role_one_run(name, cuda_stand_in):
+    """The trainer's start-up check, applied to the file itself: the settings each rollout service
+    resolves from its command and environment are those the trainer trains (with and without SOLRL_SET)."""
+    for user_set in (None, "reward=jpeg_compressibility rollout.steps=4"):
+        env = {**os.environ, **COMPOSE_SECRETS}
+        if user_set is not None:
+            env["SOLRL_SET"] = user_set
+        out = subprocess.run([tool("docker-compose"), "-f", name, "config"], cwd=ROOT, env=env, capture_output=True,
+                             text=True, check=True)
+        services = yaml.safe_load(out.stdout)["services"]
+        roles = {s: (list(svc.get("command", [])), {k: str(v) for k, v in svc["environment"].items()})
+                 for s, svc in services.items() if role_of(s) in ("explorer", "regenerator", "trainer")}
+        if user_set:   # after the GPU files' device
+            device = "" if name == "docker-compose.cpu.yml" else "model.device=cuda "
+            assert all(env.get("SOLRL_SET") == device + user_set for _, env in roles.values())
+        _assert_one_run(f"{name} (SOLRL_SET={user_set!r})", roles, {})
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_k8s_gives_every_role_one_run(k8s_tree, overlay, cuda_stand_in):
+    docs = kustomize(k8s_tree, overlay)
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    roles = {}
+    for role in ("explorer", "regenerator", "trainer"):
+        (c,) = containers(by_kind[("Job" if role == "trainer" else "Deployment", role)])
+        roles[role] = (c.get("args", []), container_env(c, by_kind))
+        mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+        # the run: the base's run.json every role reads, or the preset of SOLRL_PRESET (the hopper overlay)
+        assert ("/etc/solrl" in mounts) if "--config" in roles[role][0] else roles[role][1]["SOLRL_PRESET"], role
+    _assert_one_run(overlay, roles, {"/etc/solrl/run.json": k8s_tree / "base" / "run.json"})
+
+
+# ------------------------------------------------------------------ the trainer's torchrun entry, run
+
+TRAINER_ENTRIES = ["docker-compose.yml", "docker-compose.colocated.yml", "k8s/overlays/b200", "k8s/overlays/cpu-demo"]
+
+
+def trainer_entry(source: str, tmp: Path, run_set: str | None = DEPLOY_SET) -> tuple[list[str], dict[str, str]]:
+    """The trainer container of `source` (a compose file, or an overlay's Job) as it starts: its argv (compose:
+    entrypoint + command; k8s: command + args) and environment (compose: the image's SOLRL_* ENV under the
+    service's; k8s: the container's env, its completion index as pod 0 has it), for the run_set run (the user's
+    SOLRL_SET; None: the file's own)."""
+    user = {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_RUN_ID": "entry",
+            **({"SOLRL_SET": run_set} if run_set is not None else {})}
+    if source.startswith("k8s/"):
+        tree = k8s_copy(tmp, TOKEN)
+        by_kind = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(tree, Path(source).name)}
+        (c,) = containers(by_kind[("Job", "trainer")])
+        env = container_env(c, by_kind)
+        assert env[ENV_ADAPTER_TOKEN] == "<secret>"
+        env.update({k: v for k, v in user.items() if k in env})   # the Secret's and the run-env ConfigMap's values
+        return [*c["command"], *c["args"]], env
+    out = subprocess.run([tool("docker-compose"), "-f", source, "config"], cwd=ROOT, check=True, text=True,
+                         capture_output=True, env={**os.environ, **user})
+    svc = yaml.safe_load(out.stdout)["services"]["trainer"]
+    image = dockerfile_image({k: str(v) for k, v in svc["build"]["args"].items()}, svc["build"]["target"])
+    env = {k: v for k, v in image.env.items() if k.startswith("SOLRL_")}
+    env.update({k: str(v) for k, v in svc["environment"].items()})
+    return [*svc["entrypoint"], *svc.get("command", [])], env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", TRAINER_ENTRIES)
+def test_trainer_entry_runs_under_torchrun(source, tmp_path, cuda_stand_in):
+    """Each deployment's trainer entry command (torchrun over `solrl serve trainer`) as local processes: verbatim,
+    with what a container network and volumes give moved to this machine (Redis and ports to 127.0.0.1, /runs and
+    the run config to files here, torchrun's rendezvous address to 127.0.0.1) and at most 2 ranks (2 cores here).
+    The rollouts come from this process's explorer and regenerator workers, which take each adapter from the
+    trainer's /v1/adapter/current (the rollout service addresses are dropped). It serves gRPC health as the
+    probes ask, trains the 2-epoch run with every rank and exits 0."""
+    from tests.services.test_trainer_service_ddp import ServiceRun
+
+    argv, env = trainer_entry(source, tmp_path)
+    ranks = int(env["PET_NPROC_PER_NODE"])
+    assert argv[0] == "torchrun" and argv[argv.index("--no-python") + 1:][:3] == ["solrl", "serve", "trainer"]
+    grpc_port, http_port = free_port(), free_port()
+    namespace = f"solrl-test-entry-{os.getpid()}-{free_port()}"
+    assert env[ENV_REDIS_URL] == "redis://trainer@redis:6379/0" and env[ENV_REDIS_PASSWORD] and env[ENV_QUEUE_KEY]
+    # this test is about the torchrun entry: the local Redis has no ACL users and the in-process workers do not sign
+    # (tests/queue/test_queue_security.py and the CPU compose test run the secured queue)
+    env.pop(ENV_REDIS_PASSWORD)
+    env.pop(ENV_QUEUE_KEY)
+    env.update({ENV_REDIS_URL: "redis://127.0.0.1:6379/0",
+                ENV_QUEUE_NAMESPACE: namespace, ENV_HOST: "127.0.0.1", ENV_GRPC_PORT: str(grpc_port),
+                ENV_HTTP_PORT: str(http_port), trainer_server.ENV_EXPLORER_ADDRS: "",
+                trainer_server.ENV_REGENERATOR_ADDRS: "", "PET_NPROC_PER_NODE": str(min(ranks, 2))})
+    env.pop("HF_HOME", None)   # a container path
+    if "model.device=cuda" in env.get("SOLRL_SET", ""):
+        env[ENV_CUDA_STANDIN] = "1"   # the GPU files' device, stood in by the CPU (cuda_stand_in)
+    if "PET_MASTER_ADDR" in env:
+        env.update({"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port())})
+    files = {"/etc/solrl/run.json": ROOT / "k8s" / "base" / "run.json"}
+    argv = [str(files.get(a, tmp_path / "runs" / a.removeprefix("/runs/") if a.startswith("/runs/") else a))
+            for a in argv]
+    cfg = _role_settings("trainer", argv[argv.index("trainer") + 1:], env, {})
+    path = f"{Path(tool('solrl')).parent}{os.pathsep}{os.environ['PATH']}"   # torchrun and solrl on PATH, as in the image
+    run = ServiceRun(argv, cfg, http_port, namespace, tmp_path / "trainer.log", env={**env, "PATH": path})
+    try:
+        run.start()
+        deadline = time.monotonic() + 120
+        while not grpc_serving(grpc_port):   # what the k8s readiness probe asks (rank 0 only)
+            assert run.proc.poll() is None, run.text()[-3000:]
+            assert time.monotonic() < deadline, f"not SERVING after 120 s: {run.text()[-3000:]}"
+            time.sleep(0.3)
+        assert run.wait(240) == 0, run.text()[-3000:]
+    finally:
+        run.close()
+    out = Path(next(a for a in argv if a.startswith(str(tmp_path / "runs"))))
+    assert [r["epoch"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+    assert (f"{min(ranks, 2)} data-parallel ranks" in run.text()) == (ranks > 1)
+    assert TOKEN not in run.text()
