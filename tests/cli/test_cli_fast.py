@@ -70,20 +70,17 @@ def test_the_services_use_the_light_modules_options_and_names() -> None:
     from services.common.env import ENV_ADAPTER_TOKEN, ENV_QUEUE_NAMESPACE, ENV_REDIS_URL, ENV_REWARD_ADDR
     from services.explorer import args as explorer_args
     from services.explorer import server as explorer_server
-    from services.rollout import adapter_endpoint as adapter_reload
-    from services.rollout import consumers as workers
-    from services.rollout import plane as rollout_plane
-    from services.rollout import shell as rollout_shell
+    from services.rollout import adapter_endpoint, consumers, plane, shell
     from services.trainer import args as trainer_args
     from services.trainer import server as trainer_server
 
-    assert (adapter_reload.DEFAULT_MAX_ADAPTER_BYTES, adapter_reload.ENV_ADAPTER_TOKEN) == (DEFAULT_MAX_ADAPTER_BYTES,
-                                                                                            ENV_ADAPTER_TOKEN)
-    assert (workers.DEFAULT_NAMESPACE, workers.ENV_REDIS_URL, workers.ENV_QUEUE_NAMESPACE) == (
+    assert (adapter_endpoint.DEFAULT_MAX_ADAPTER_BYTES, adapter_endpoint.ENV_ADAPTER_TOKEN) == (
+        DEFAULT_MAX_ADAPTER_BYTES, ENV_ADAPTER_TOKEN)
+    assert (consumers.DEFAULT_NAMESPACE, consumers.ENV_REDIS_URL, consumers.ENV_QUEUE_NAMESPACE) == (
         DEFAULT_NAMESPACE, ENV_REDIS_URL, ENV_QUEUE_NAMESPACE)
-    assert rollout_plane.ENV_REWARD_ADDR == ENV_REWARD_ADDR
-    assert rollout_shell.add_model_arguments is add_model_arguments
-    assert workers.add_consumer_arguments is add_consumer_arguments
+    assert plane.ENV_REWARD_ADDR == ENV_REWARD_ADDR
+    assert shell.add_model_arguments is add_model_arguments
+    assert consumers.add_consumer_arguments is add_consumer_arguments
     assert explorer_server.add_arguments is explorer_args.add_arguments
     assert trainer_server.add_arguments is trainer_args.add_arguments
 
