@@ -117,9 +117,12 @@ def primary(run: dict[str, Any], last: int) -> float:
 
 def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0, reward: str | None = None,
         repeats: int | None = None, jobs: int = 1, threads: int = 0, arms: tuple[str, ...] | None = None,
-        pools: tuple[int, ...] | None = None, overrides: tuple[str, ...] = (), target_half: float = 0.01) -> dict[str, Any]:
+        pools: tuple[int, ...] | None = None, overrides: tuple[str, ...] = (), target_half: float = 0.01,
+        extend: str | None = None) -> dict[str, Any]:
     """`repeats` run seeds (seed, seed+1, ...) per arm and pool size, `jobs` runs at once on `threads` torch threads
-    each; finished runs under `out` with the same settings are reused (a study continues where it stopped)."""
+    each; finished runs under `out` with the same settings are reused (a study continues where it stopped).
+    `extend`: an earlier result of this bench with the same settings (e.g. a committed one, whose run directories are
+    gone); its runs are taken as done, so only the seeds, arms and pools it lacks are trained."""
     n_seeds = repeats or (2 if small else 3)
     counts = parse_arms(arms or tuple(ARMS), n_seeds)
     chosen = tuple(counts)
@@ -131,6 +134,8 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     sets = [f"epochs={n_epochs}", "eval.every=1", "tensorboard=false", f"rollout.kept={kept}"]
     sets += reward_settings(reward)
     name = f"selection-{reward}" if reward and reward != "shapes" else "selection"
+    if not small and sizes != (16,):  # another pool study than the default gets its own files beside the default's
+        name += "-n" + "-".join(map(str, sizes))
     if small:
         sets += SMALL_RUN
     per_run = threads_per_run(jobs, threads)
@@ -148,20 +153,45 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
             for n in sizes for s in range(seed, seed + n_seeds) for arm in chosen
             if s < seed + counts[arm]]  # seed-major: a stopped study has whole seeds to pair, and a rerun with fewer
     # --repeats reuses them
-    results = run_all([(PRESET, p[3], p[4]) for p in plan], jobs)
+    earlier, source = _earlier(Path(extend), sets) if extend else ({}, None)
+    todo = [p for p in plan if (f"n{p[1]}", p[0], p[2]) not in earlier]
+    fresh = iter(run_all([(PRESET, p[3], p[4]) for p in todo], jobs))
     last = n_epochs
     table: dict[str, Any] = {}
-    for (arm, n, s, _, run_dir), res in zip(plan, results):
+    for arm, n, s, _, run_dir in plan:
         entry = table.setdefault(f"n{n}", {}).setdefault(arm, {"runs": []})
-        entry["runs"].append({"seed": s, **res, "primary": round(primary(res, last), 4), "mechanism": mechanism(run_dir)})
+        old = earlier.get((f"n{n}", arm, s))
+        if old is None:
+            res = next(fresh)
+            old = {"seed": s, **res, "primary": round(primary(res, last), 4), "mechanism": mechanism(run_dir)}
+        entry["runs"].append(old)
     pools_out = {key: summarise(arms_, last) for key, arms_ in table.items()}
     result = {"preset": PRESET, "arms": {a: ARMS[a][1] for a in chosen}, "seeds_per_arm": counts,
               "pools": list(sizes), "kept": kept,
               "epochs": n_epochs, "primary_epochs": [1, last], "seeds": list(range(seed, seed + n_seeds)),
               "reward": trained_on, "eval_reward": judge, "settings": sets, "jobs": jobs, "threads_per_run": per_run,
               "target_half": target_half, "by_pool": pools_out}
+    if source is not None:
+        reused = [f"{arm}_n{n}_seed{s}" for arm, n, s, _, _ in plan if (f"n{n}", arm, s) in earlier]
+        result["extended_from"] = [*source.get("extended_from", []),
+                                   {"file": Path(extend).name, "machine": source.get("machine"), "runs": reused}]
     plot(pools_out, out / f"{name}.png", judge)
     return write_results(out, name, result, markdown(result, name))
+
+
+def _earlier(path: Path, sets: list[str]) -> tuple[dict[tuple[str, str, int], dict[str, Any]], dict[str, Any]]:
+    """The runs of an earlier selection result by (pool key, arm, run seed), and the result itself; a clear error
+    unless it was measured with the same preset and settings (runs set otherwise are not comparable)."""
+    try:
+        old = json.loads(path.read_text())
+        pools = old["by_pool"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"--extend: cannot read a selection result from {path}: {exc}") from None
+    theirs = {"preset": old.get("preset"), "settings": old.get("settings")}
+    if theirs != {"preset": PRESET, "settings": sets}:
+        raise ValueError(f"--extend: {path} was measured with other settings: {theirs['settings']} (now: {sets})")
+    return {(key, arm, r["seed"]): r for key, pool in pools.items() for arm, a in pool["arms"].items()
+            for r in a["runs"]}, old
 
 
 def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
@@ -298,6 +328,10 @@ def markdown(r: dict[str, Any], name: str) -> str:
              f"before the runs: the held-out reward averaged over epochs {r['primary_epochs'][0]}-{r['primary_epochs'][1]}. "
              f"Intervals: 95% Student-t over seeds (paired for differences). Plot `{name}.png`. Arms:", ""]
     lines += [f"- `{a}` ({r['seeds_per_arm'][a]} seeds): {text}" for a, text in r["arms"].items()]
+    for src in r.get("extended_from", []):
+        m = src.get("machine") or {}
+        lines += ["", f"Runs {', '.join(src['runs'])} are read from an earlier `{src['file']}` (same settings; measured "
+                      f"{m.get('date', 'at an unrecorded date')} on {m.get('cpu', 'an unrecorded machine')}), not trained again."]
     for key, pool in r["by_pool"].items():
         arms = pool["arms"]
         lines += ["", f"## Pool {key[1:]}", "",

@@ -19,7 +19,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         torch.set_num_threads(a.threads)
     kw = {k: v for k, v in (("prompts", a.prompts), ("seeds", a.seeds), ("epochs", a.epochs), ("steps", a.steps),
                             ("repeats", a.repeats), ("jobs", a.jobs), ("compare", a.compare), ("device", a.device),
-                            ("pools", a.pools)) if v}
+                            ("pools", a.pools), ("extend", a.extend)) if v}
     if a.seed is not None:
         kw["seed"] = a.seed
     # comma-separated lists (--reward names several rewards for ranking, one elsewhere)
@@ -85,6 +85,9 @@ def add_parser(sub: argparse._SubParsersAction, commands: Callable[[], tuple[tup
     b.add_argument("--arms", default=None,
                    help="selection: comma-separated arms (default all: none, random, oracle, proxy_bf16, proxy_nvfp4)")
     b.add_argument("--pools", type=pool_list, default=None, help="selection: comma-separated pool sizes n (default 16)")
+    b.add_argument("--extend", default=None, metavar="JSON",
+                   help="selection: an earlier selection JSON measured with the same settings (e.g. a committed one); "
+                        "its runs are taken as done and only the seeds, arms and pools it lacks are trained")
     b.add_argument("--compare", default=None,
                    help="curve: an earlier curve JSON measured with the same settings whose modes are set beside these")
     b.add_argument("--device", default=None, help="pretrain_sweep: train (and track) on this torch device, e.g. cuda; "

@@ -15,9 +15,18 @@ from solrl.cli.app import main
 
 
 def test_selection_small_pairs_its_arms(tmp_path):
-    assert main(["bench", "selection", "--small", "--epochs", "1", "--arms", "none,oracle,proxy_nvfp4",
-                 "--out", str(tmp_path)]) == 0
+    args = ["bench", "selection", "--small", "--epochs", "1", "--arms", "none,oracle,proxy_nvfp4"]
+    # a one-seed study first, then extended to two seeds from its JSON alone (its run directories elsewhere)
+    assert main([*args, "--repeats", "1", "--out", str(tmp_path / "first")]) == 0
+    first = json.loads((tmp_path / "first" / "selection.json").read_text())
+    assert main([*args, "--out", str(tmp_path), "--extend", str(tmp_path / "first" / "selection.json")]) == 0
+    assert sorted(p.name for p in (tmp_path / "selection_runs").iterdir()) == [
+        "none_n6_seed1", "oracle_n6_seed1", "proxy_nvfp4_n6_seed1"]  # seed 0 was not trained again
     r = json.loads((tmp_path / "selection.json").read_text())
+    for arm, a in first["by_pool"]["n6"]["arms"].items():
+        assert r["by_pool"]["n6"]["arms"][arm]["runs"][0] == a["runs"][0]
+    assert r["extended_from"][0]["runs"] == ["none_n6_seed0", "oracle_n6_seed0", "proxy_nvfp4_n6_seed0"]
+    assert "are read from an earlier `selection.json`" in (tmp_path / "selection.md").read_text()
     assert r["seeds"] == [0, 1] and r["pools"] == [6] and r["kept"] == 4 and r["primary_epochs"] == [1, 1]
     pool = r["by_pool"]["n6"]
     arms = pool["arms"]
@@ -60,12 +69,23 @@ def test_paired_interval_power_and_verdicts():
     assert seeds_for(0.010) == 7 and seeds_for(0.002) == 3 and seeds_for(0.001) == 2 and seeds_for(1.0, most=50) is None
 
 
-@pytest.mark.parametrize("bad", [["--arms", "none,best"], ["--pools", "4"], ["--pools", "x"]])
+def _earlier_result(tmp_path, settings: list[str]) -> str:
+    path = tmp_path / "earlier.json"
+    path.write_text(json.dumps({"preset": "shapes-sol-rl", "settings": settings, "by_pool": {}}))
+    return str(path)
+
+
+@pytest.mark.parametrize("bad", [["--arms", "none,best"], ["--pools", "4"], ["--pools", "x"],
+                                 ["--extend", "missing.json"], ["--extend", "OTHER"]])
 def test_selection_refuses_bad_arguments_before_training(tmp_path, bad, capsys):
+    if bad == ["--extend", "OTHER"]:  # a result measured with other settings (here: 8 epochs, not --small's)
+        bad = ["--extend", _earlier_result(tmp_path, ["epochs=8", "eval.every=1"])]
     with pytest.raises(SystemExit) if bad == ["--pools", "x"] else contextlib.nullcontext():
         assert main(["bench", "selection", "--small", "--out", str(tmp_path), *bad]) == 2
     err = capsys.readouterr().err
-    assert ("--arms" in err or "--pools" in err) and not (tmp_path / "selection_runs").exists()
+    assert ("--arms" in err or "--pools" in err or "--extend" in err) and not (tmp_path / "selection_runs").exists()
+    if "--extend" in bad:
+        assert ("other settings" in err) != ("cannot read" in err)
 
 
 def _run(seed: int, rewards: list[float], cost_per_epoch: float) -> dict:
