@@ -5,7 +5,9 @@ shapes-world set a fixed, form-stratified subset) and the reward is `eval.reward
 with metrics of its own gives them and says which of them sum the evaluation up (`score_with_metrics`: the shapes
 bed's exact reward, per-attribute accuracies, exact matches and the reward per caption form, solrl/shapes/metrics.py);
 the summary and a run's records copy those as they are. With a weighted multi-reward each step count's result holds
-each component's mean.
+each component's mean. Whatever the reward, the summary gives `flat_share`, the share of images that are one flat
+colour (a blank canvas): the cheapest exploit of rewards such as JPEG compressibility, counted so that a rising
+reward bought by drawing nothing shows in the records, not only in the grids.
 """
 
 from __future__ import annotations
@@ -24,6 +26,22 @@ from solrl.rewards import Scorer, build_reward
 from solrl.rewards.frames import first_frames, score_frames
 from solrl.rollout.passes import PromptCache, SamplerSpec, generate
 from solrl.telemetry import image_grid, save_png
+
+# an image is flat (one colour, a blank canvas) when its pixel values' standard deviation is below this, on 0..255:
+# the shapes bed's blank held-out images measure 2.5-3.7 and nearly all its images of one small object 20 or more
+# (runs trained on JPEG compressibility, docs/results.md)
+FLAT_STD = 8.0
+
+
+def flat_share(images: np.ndarray) -> float:
+    """The share of images (uint8 [B, H, W, 3], or clips [B, F, H, W, 3]: all their frames) whose pixel values have a
+    standard deviation below FLAT_STD."""
+    images = np.asarray(images)
+    if len(images) == 0:
+        return 0.0
+    std = images.reshape(len(images), -1).astype(np.float32).std(axis=1)
+    return float((std < FLAT_STD).mean())
+
 
 # what an evaluation summary says about itself (`evaluate`); its other fields are metrics
 _FRAMING = ("n", "steps", "reward", "prompts", "seeds_per_prompt", "results")
@@ -95,13 +113,15 @@ def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], pr
         gen = generate(model, transformer, flat_p, flat_s, n_steps, sampler, micro_batch, cache)
         totals, extra, summaries[str(n_steps)] = _score(reward, gen.images, flat_p, seeds_per_prompt)
         res: dict[str, Any] = {"mean_reward": float(totals.mean()), "n": len(totals),
-                               "sample_time_s": round(time.time() - t0, 2), **extra}
+                               "flat_share": flat_share(gen.images), "sample_time_s": round(time.time() - t0, 2),
+                               **extra}
         results[str(n_steps)] = res
         pick = list(range(0, len(flat_p), seeds_per_prompt))[:32]
         grids[n_steps] = image_grid(first_frames(gen.images[pick]), [flat_p[i] for i in pick],
                                     scores=[float(totals[i]) for i in pick])
     first = results[str(steps[0])]
-    summary = {"mean_reward": first["mean_reward"], "n": first["n"], "steps": list(steps),
+    summary = {"mean_reward": first["mean_reward"], "flat_share": first["flat_share"], "n": first["n"],
+               "steps": list(steps),
                "reward": getattr(reward, "name", type(reward).__name__),
                "prompts": len(prompts), "seeds_per_prompt": seeds_per_prompt,
                **summaries[str(steps[0])], "results": results}

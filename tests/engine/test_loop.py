@@ -237,9 +237,23 @@ def test_evaluation_copies_the_summary_fields_its_scorer_reports():
     summary, _ = evaluate(model, model.transformer, (2, 3), ["a red circle", "two blue squares"], 2, 7, SamplerSpec(),
                           Lit())
     r2, r3 = summary["results"]["2"], summary["results"]["3"]
-    assert eval_metrics(summary) == {"eval.mean_reward": 0.25, "eval.lit": r2["lit"], "eval.scored": 2}
-    assert list(r2) == ["mean_reward", "n", "sample_time_s", "lit", "lit_by_seed"] and r2["lit"] != r3["lit"]
+    assert eval_metrics(summary) == {"eval.mean_reward": 0.25, "eval.flat_share": r2["flat_share"], "eval.lit": r2["lit"],
+                                     "eval.scored": 2}
+    assert list(r2) == ["mean_reward", "n", "flat_share", "sample_time_s", "lit", "lit_by_seed"] and r2["lit"] != r3["lit"]
     assert summary["reward"] == "lit" and "lit_by_seed" not in summary
+
+
+def test_flat_share_counts_blank_images_whatever_the_reward():
+    from solrl.engine.evaluate import FLAT_STD, flat_share
+
+    rng = np.random.default_rng(0)
+    blank = np.clip(240 + rng.normal(0, 2, size=(3, 32, 32, 3)), 0, 255).astype(np.uint8)  # a canvas, noise of 2
+    drawn = blank.copy()
+    drawn[:, 12:18, 12:18] = (200, 30, 30)  # one small red square: 3.5% of the image
+    assert blank.reshape(3, -1).std(axis=1).max() < FLAT_STD < drawn.reshape(3, -1).std(axis=1).min()
+    assert flat_share(np.concatenate([blank[:1], drawn])) == 0.25 and flat_share(blank) == 1.0
+    assert flat_share(drawn[:, None].repeat(2, axis=1)) == 0.0  # clips: all their frames
+    assert flat_share(blank[:0]) == 0.0
 
 
 def test_group_stats_per_caption_form():
