@@ -7,7 +7,8 @@ bed's exact reward, per-attribute accuracies, exact matches and the reward per c
 the summary and a run's records copy those as they are. With a weighted multi-reward each step count's result holds
 each component's mean. Whatever the reward, the summary gives `flat_share`, the share of images that are one flat
 colour (a blank canvas): the cheapest exploit of rewards such as JPEG compressibility, counted so that a rising
-reward bought by drawing nothing shows in the records, not only in the grids.
+reward bought by drawing nothing shows in the records, not only in the grids; and `mean_reward_not_flat`, the mean
+reward of the other images (the reward without that exploit).
 """
 
 from __future__ import annotations
@@ -33,14 +34,19 @@ from solrl.telemetry import image_grid, save_png
 FLAT_STD = 8.0
 
 
-def flat_share(images: np.ndarray) -> float:
-    """The share of images (uint8 [B, H, W, 3], or clips [B, F, H, W, 3]: all their frames) whose pixel values have a
+def is_flat(images: np.ndarray) -> np.ndarray:
+    """Per image (uint8 [B, H, W, 3], or clips [B, F, H, W, 3]: all their frames), whether its pixel values have a
     standard deviation below FLAT_STD."""
     images = np.asarray(images)
     if len(images) == 0:
-        return 0.0
-    std = images.reshape(len(images), -1).astype(np.float32).std(axis=1)
-    return float((std < FLAT_STD).mean())
+        return np.zeros(0, dtype=bool)
+    return images.reshape(len(images), -1).astype(np.float32).std(axis=1) < FLAT_STD
+
+
+def flat_share(images: np.ndarray) -> float:
+    """The share of images that are flat (`is_flat`); 0 for none."""
+    flat = is_flat(images)
+    return float(flat.mean()) if len(flat) else 0.0
 
 
 # what an evaluation summary says about itself (`evaluate`); its other fields are metrics
@@ -112,16 +118,18 @@ def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], pr
         t0 = time.time()
         gen = generate(model, transformer, flat_p, flat_s, n_steps, sampler, micro_batch, cache)
         totals, extra, summaries[str(n_steps)] = _score(reward, gen.images, flat_p, seeds_per_prompt)
-        res: dict[str, Any] = {"mean_reward": float(totals.mean()), "n": len(totals),
-                               "flat_share": flat_share(gen.images), "sample_time_s": round(time.time() - t0, 2),
-                               **extra}
+        flat = is_flat(gen.images)
+        drawn = np.asarray(totals)[~flat]  # the reward without the blank-canvas exploit (None: every image flat)
+        res: dict[str, Any] = {"mean_reward": float(totals.mean()), "n": len(totals), "flat_share": float(flat.mean()),
+                               "mean_reward_not_flat": float(drawn.mean()) if len(drawn) else None,
+                               "sample_time_s": round(time.time() - t0, 2), **extra}
         results[str(n_steps)] = res
         pick = list(range(0, len(flat_p), seeds_per_prompt))[:32]
         grids[n_steps] = image_grid(first_frames(gen.images[pick]), [flat_p[i] for i in pick],
                                     scores=[float(totals[i]) for i in pick])
     first = results[str(steps[0])]
-    summary = {"mean_reward": first["mean_reward"], "flat_share": first["flat_share"], "n": first["n"],
-               "steps": list(steps),
+    summary = {"mean_reward": first["mean_reward"], "flat_share": first["flat_share"],
+               "mean_reward_not_flat": first["mean_reward_not_flat"], "n": first["n"], "steps": list(steps),
                "reward": getattr(reward, "name", type(reward).__name__),
                "prompts": len(prompts), "seeds_per_prompt": seeds_per_prompt,
                **summaries[str(steps[0])], "results": results}

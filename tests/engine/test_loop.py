@@ -237,14 +237,16 @@ def test_evaluation_copies_the_summary_fields_its_scorer_reports():
     summary, _ = evaluate(model, model.transformer, (2, 3), ["a red circle", "two blue squares"], 2, 7, SamplerSpec(),
                           Lit())
     r2, r3 = summary["results"]["2"], summary["results"]["3"]
-    assert eval_metrics(summary) == {"eval.mean_reward": 0.25, "eval.flat_share": r2["flat_share"], "eval.lit": r2["lit"],
+    assert eval_metrics(summary) == {"eval.mean_reward": 0.25, "eval.flat_share": r2["flat_share"],
+                                     "eval.mean_reward_not_flat": r2["mean_reward_not_flat"], "eval.lit": r2["lit"],
                                      "eval.scored": 2}
-    assert list(r2) == ["mean_reward", "n", "flat_share", "sample_time_s", "lit", "lit_by_seed"] and r2["lit"] != r3["lit"]
+    assert list(r2) == ["mean_reward", "n", "flat_share", "mean_reward_not_flat", "sample_time_s", "lit", "lit_by_seed"]
+    assert r2["lit"] != r3["lit"] and r2["mean_reward_not_flat"] in (0.25, None)
     assert summary["reward"] == "lit" and "lit_by_seed" not in summary
 
 
-def test_flat_share_counts_blank_images_whatever_the_reward():
-    from solrl.engine.evaluate import FLAT_STD, flat_share
+def test_flat_share_counts_blank_images_whatever_the_reward(monkeypatch):
+    from solrl.engine.evaluate import FLAT_STD, evaluate, flat_share, is_flat
 
     rng = np.random.default_rng(0)
     blank = np.clip(240 + rng.normal(0, 2, size=(3, 32, 32, 3)), 0, 255).astype(np.uint8)  # a canvas, noise of 2
@@ -254,6 +256,28 @@ def test_flat_share_counts_blank_images_whatever_the_reward():
     assert flat_share(np.concatenate([blank[:1], drawn])) == 0.25 and flat_share(blank) == 1.0
     assert flat_share(drawn[:, None].repeat(2, axis=1)) == 0.0  # clips: all their frames
     assert flat_share(blank[:0]) == 0.0
+
+    class Canvas:  # rewards a flat canvas 1 and anything drawn 0
+        name = "canvas"
+
+        def __call__(self, images, prompts):
+            return is_flat(images).astype(np.float32)
+
+    import solrl.engine.evaluate as ev
+
+    real = ev.generate
+
+    def half_blank(*a, **k):  # the model's own images, every second one replaced by a blank canvas
+        g = real(*a, **k)
+        g.images[::2] = blank[0]
+        return g
+
+    monkeypatch.setattr(ev, "generate", half_blank)
+    model = ShapesModel.random(seed=0, layers=1, heads=2)
+    summary, _ = evaluate(model, model.transformer, (2,), ["a red circle", "two blue squares"], 2, 7, SamplerSpec(),
+                          Canvas())
+    assert summary["flat_share"] >= 0.5 and summary["mean_reward"] == summary["flat_share"]
+    assert summary["mean_reward_not_flat"] in (0.0, None)
 
 
 def test_group_stats_per_caption_form():
