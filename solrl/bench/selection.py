@@ -160,11 +160,11 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     table: dict[str, Any] = {}
     for arm, n, s, _, run_dir in plan:
         entry = table.setdefault(f"n{n}", {}).setdefault(arm, {"runs": []})
-        old = earlier.get((f"n{n}", arm, s))
-        if old is None:
+        record = earlier.get((f"n{n}", arm, s))
+        if record is None:  # trained now: the runs in `todo`, in plan order
             res = next(fresh)
-            old = {"seed": s, **res, "primary": round(primary(res, last), 4), "mechanism": mechanism(run_dir)}
-        entry["runs"].append(old)
+            record = {"seed": s, **res, "primary": round(primary(res, last), 4), "mechanism": mechanism(run_dir)}
+        entry["runs"].append(record)
     pools_out = {key: summarise(arms_, last) for key, arms_ in table.items()}
     result = {"preset": PRESET, "arms": {a: ARMS[a][1] for a in chosen}, "seeds_per_arm": counts,
               "pools": list(sizes), "kept": kept,

@@ -119,7 +119,7 @@ def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], pr
         gen = generate(model, transformer, flat_p, flat_s, n_steps, sampler, micro_batch, cache)
         totals, extra, summaries[str(n_steps)] = _score(reward, gen.images, flat_p, seeds_per_prompt)
         flat = is_flat(gen.images)
-        drawn = np.asarray(totals)[~flat]  # the reward without the blank-canvas exploit (None: every image flat)
+        drawn = totals[~flat]  # the reward without the blank-canvas exploit (None: every image flat)
         res: dict[str, Any] = {"mean_reward": float(totals.mean()), "n": len(totals), "flat_share": float(flat.mean()),
                                "mean_reward_not_flat": float(drawn.mean()) if len(drawn) else None,
                                "sample_time_s": round(time.time() - t0, 2), **extra}
