@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from solrl.bench.common import SMALL_RUN, write_results
 from solrl.config import apply_overrides, get_preset
 from solrl.engine.loop import train
 from solrl.hardware import forward_cost
+from solrl.rewards.multi import is_spec
 
 PAPER_MODES = ("sol_rl", "diffusion_nft", "naive_scaling", "naive_quant")
 # mode -> (preset, settings added to the preset's)
@@ -119,12 +121,19 @@ def interval(values: list[float]) -> tuple[float, float]:
     return float(a.mean()), float(stats.t.ppf(0.975, len(a) - 1) * a.std(ddof=1) / math.sqrt(len(a)))
 
 
+def reward_tag(reward: str) -> str:
+    """`reward` as a file-name part: a weighted spec's separators become dashes (`shapes:1+jpeg_compressibility:0.5`
+    -> `shapes-1-jpeg_compressibility-0.5`)."""
+    return re.sub(r"[^A-Za-z0-9_.]+", "-", reward).strip("-")
+
+
 def reward_settings(reward: str | None, eval_reward: str | None = None) -> list[str]:
     """The settings that train on `reward` ([] for the default `shapes`), judged by `eval_reward`, by default the exact
     `shapes` reward for a shapes-world reward and the reward itself otherwise."""
     if not reward or reward == "shapes":
         return []
-    judge = eval_reward or ("shapes" if reward.startswith("shapes") else reward)
+    # a weighted spec is judged by itself (its records carry each term, eval.reward_<component>)
+    judge = eval_reward or ("shapes" if reward.startswith("shapes") and not is_spec(reward) else reward)
     return [f"reward={reward}", f"eval.reward={judge}"]
 
 
@@ -163,7 +172,9 @@ def one_run(preset: str, sets: list[str], run_dir: Path) -> dict[str, Any]:
         if "eval.mean_reward" in r:
             points.append({"epoch": r["epoch"], "wall_s": round(clock, 2), "cost_bf16_fwd": round(cost, 1),
                            "reward": r["eval.mean_reward"], "exact_match": r.get("eval.exact_match"),
-                           "shape_accuracy": r.get("eval.shape_accuracy"),
+                           "shape_accuracy": r.get("eval.shape_accuracy"), "flat_share": r.get("eval.flat_share"),
+                           "reward_not_flat": r.get("eval.mean_reward_not_flat"),
+                           "components": {k[len("eval.reward_"):]: v for k, v in r.items() if k.startswith("eval.reward_")},
                            "by_form": {k[len("eval.form_"):]: v for k, v in r.items() if k.startswith("eval.form_")}})
         for cal in cals:  # a calibration after epoch e is paid for by epoch e + 1
             if cal["epoch"] == r["epoch"]:
@@ -257,7 +268,7 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     every = 1 if small else max(2, n_epochs // 6)
     sets = [f"epochs={n_epochs}", f"eval.every={every}", "tensorboard=false"]
     sets += reward_settings(reward, eval_reward)
-    name = f"curve-{reward}" if reward and reward != "shapes" else "curve"
+    name = f"curve-{reward_tag(reward)}" if reward and reward != "shapes" else "curve"
     if small:
         sets += ["rollout.pool=6", "rollout.kept=4", *SMALL_RUN]
     per_run = threads_per_run(jobs, threads)

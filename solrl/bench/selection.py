@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from solrl.bench.common import SMALL_RUN, write_results
-from solrl.bench.curve import interval, reward_settings, run_all, threads_per_run
+from solrl.bench.curve import interval, reward_settings, reward_tag, run_all, threads_per_run
 
 PRESET = "shapes-sol-rl"
 # arm -> (settings added to the preset's, what it is)
@@ -133,7 +133,7 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
         raise ValueError(f"--pools: every pool must be larger than the {kept} kept seeds, got {list(sizes)}")
     sets = [f"epochs={n_epochs}", "eval.every=1", "tensorboard=false", f"rollout.kept={kept}"]
     sets += reward_settings(reward)
-    name = f"selection-{reward}" if reward and reward != "shapes" else "selection"
+    name = f"selection-{reward_tag(reward)}" if reward and reward != "shapes" else "selection"
     if not small and sizes != (16,):  # another pool study than the default gets its own files beside the default's
         name += "-n" + "-".join(map(str, sizes))
     if small:
@@ -208,12 +208,24 @@ def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
         arm["final"] = dict(zip(("mean", "ci95"), _round(*interval([r["points"][-1]["reward"] for r in runs]))))
         arm["cost_per_epoch"] = float(np.mean([r["cost_per_epoch"] for r in runs]))
         arm["mechanism"] = {k: _epoch_means([r["mechanism"][k] for r in runs]) for k in MECHANISM}
+        # blank canvases and a weighted reward's terms, per epoch (runs recorded before these were kept lack them)
+        arm["flat_share_by_epoch"] = _epoch_means([[p.get("flat_share") for p in r["points"]] for r in runs])
+        terms = sorted({c for r in runs for p in r["points"] for c in (p.get("components") or {})})
+        if terms:
+            arm["terms_by_epoch"] = {c: _epoch_means([[(p.get("components") or {}).get(c) for p in r["points"]]
+                                                      for r in runs]) for c in terms}
     out: dict[str, Any] = {"arms": arms, "links": [], "at_equal_cost": None}
     for a, b, what in LINKS:
         if a in arms and b in arms:
             ra, rb = _common(arms[a]["runs"], arms[b]["runs"])
             out["links"].append({"a": a, "b": b, "what": what, "seeds": [r["seed"] for r in ra],
                                  **paired([r["primary"] for r in ra], [r["primary"] for r in rb])})
+    for a, b, _ in LINKS:  # the primary measure of each term of a weighted reward, paired
+        for term in arms[a].get("terms_by_epoch", {}) if a in arms and b in arms else ():
+            ra, rb = _common(arms[a]["runs"], arms[b]["runs"])
+            diffs = paired([_term_primary(r, term, last) for r in ra], [_term_primary(r, term, last) for r in rb])
+            out.setdefault("term_links", []).append({"a": a, "b": b, "term": term, "seeds": [r["seed"] for r in ra],
+                                                     **diffs})
     priced = [k for k in arms if k != "random"]
     if len(priced) > 1:
         budget = min(arms[k]["runs"][0]["points"][-1]["cost_bf16_fwd"] for k in priced)
@@ -241,6 +253,14 @@ def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
             arm["cost_to_none_final"] = round(float(costs[hit]), 1) if hit is not None else None
             arm["epochs_to_none_final"] = arm["epochs"][hit] if hit is not None else None
     return out
+
+
+def _term_primary(run: dict[str, Any], term: str, last: int) -> float:
+    """A weighted reward's term `term` (unweighted) averaged over the run's evaluated epochs 1..last."""
+    vals = [(p.get("components") or {}).get(term) for p in run["points"] if 1 <= p["epoch"] <= last]
+    if len(vals) != last or any(v is None for v in vals):
+        raise ValueError(f"the term {term!r} needs its held-out value at every epoch 1..{last}")
+    return float(np.mean(vals))
 
 
 def _common(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -351,6 +371,18 @@ def markdown(r: dict[str, Any], name: str) -> str:
         for link in pool["links"]:
             lines.append(f"| {link['a']} - {link['b']} | {link['what']} | {_ci(link)} ({len(link['diffs'])} pairs) | "
                          f"{', '.join(f'{d:+.3f}' for d in link['diffs'])} | {verdict(link)} |")
+        if pool.get("term_links"):
+            lines += ["", "The weighted reward's terms (each unweighted, its mean over epochs 1-E), paired:", "",
+                      "| difference | term | mean ± 95% | per seed | verdict |", "|---|---|---|---|---|"]
+            lines += [f"| {x['a']} - {x['b']} | `{x['term']}` | {_ci(x)} | {', '.join(f'{d:+.3f}' for d in x['diffs'])} "
+                      f"| {verdict(x)} |" for x in pool["term_links"]]
+        flat = {a: x["flat_share_by_epoch"] for a, x in arms.items()
+                if any(v is not None for v in x.get("flat_share_by_epoch", []))}
+        if flat:
+            lines += ["", "Held-out images that are one flat colour (`flat_share`: blank canvases), mean over the seeds that "
+                      "recorded it, per epoch:", "", "| arm | " + " | ".join(map(str, epochs)) + " |",
+                      "|---|" + "---|" * len(epochs)]
+            lines += [f"| {a} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in vals) + " |" for a, vals in flat.items()]
         eq = pool["at_equal_cost"]
         if eq:
             lines += ["", f"At equal cost ({eq['cost_bf16_fwd']:.0f} BF16-forward equivalents, B200 bound; `random` "

@@ -85,7 +85,8 @@ def eval_scorer(cfg: Any, run_scorer: Scorer | None = None) -> Scorer:
 def _score(scorer: Scorer, images: np.ndarray, prompts: list[str],
            seeds_per_prompt: int = 1) -> tuple[np.ndarray, dict[str, Any], dict[str, Any]]:
     """Total rewards, the extra result fields the scorer can give and the summary fields among them: its own where it
-    has `score_with_metrics` (solrl.rewards.Scorer), a weighted multi-reward's component means (no summary fields).
+    has `score_with_metrics` (solrl.rewards.Scorer), a weighted multi-reward's component means (summed up as
+    `reward_<component>`, so a run's records carry each term: eval.reward_shapes, eval.reward_jpeg_compressibility).
     A video model's frames [B, F, H, W, 3]: the per-clip mean of the frames' rewards (solrl/rewards/frames.py)."""
     if images.ndim == 5:
         return score_frames(scorer, images, prompts).astype(np.float64), {}, {}
@@ -96,7 +97,8 @@ def _score(scorer: Scorer, images: np.ndarray, prompts: list[str],
     if callable(detailed):   # a weighted multi-reward: {component: [N], "total": [N]}
         parts = detailed(images, prompts)
         components = {k: float(np.mean(v)) for k, v in parts.items() if k != "total"}
-        return np.asarray(parts["total"], dtype=np.float64), {"components": components}, {}
+        return (np.asarray(parts["total"], dtype=np.float64), {"components": components},
+                {f"reward_{k}": v for k, v in components.items()})
     return np.asarray(scorer(images, prompts), dtype=np.float64), {}, {}
 
 

@@ -119,3 +119,39 @@ def test_arms_with_fewer_seeds_pair_over_the_seeds_both_ran():
     assert out["power"]["seeds_run"] == 3
     # oracle reaches none's final mean reward (0.72) at epoch 1, at 120 BF16-forward equivalents
     assert arms["oracle"]["epochs_to_none_final"] == 1 and arms["oracle"]["cost_to_none_final"] == 120
+
+
+def test_a_weighted_rewards_terms_and_blank_canvases_are_paired_and_reported():
+    from solrl.bench.curve import reward_settings, reward_tag
+    from solrl.bench.selection import markdown, summarise
+
+    spec = "shapes:1+jpeg_compressibility:0.5"
+    # a spec is judged by itself (its records carry each term); a single shapes-world reward by the exact one
+    assert reward_settings(spec) == [f"reward={spec}", f"eval.reward={spec}"]
+    assert reward_settings("shapes_dense") == ["reward=shapes_dense", "eval.reward=shapes"]
+    assert reward_tag(spec) == "shapes-1-jpeg_compressibility-0.5" and reward_tag("shapes_dense") == "shapes_dense"
+
+    def run(seed, shapes, jpeg, flat):
+        r = _run(seed, [s + 0.5 * j for s, j in zip(shapes, jpeg)], 100)
+        for p, s, j, f in zip(r["points"], shapes, jpeg, flat):
+            p.update(components={"shapes": s, "jpeg_compressibility": j}, flat_share=f)
+        return r
+
+    arms = {"none": {"runs": [run(s, [0.7, 0.71, 0.72], [-1.2, -1.19, -1.18], [0, 0, 0]) for s in range(3)]},
+            "oracle": {"runs": [run(s, [0.7, 0.70 - 0.01 * s, 0.69], [-1.2, -1.1, -1.0], [0, 0.1, 0.2])
+                                for s in range(3)]}}
+    out = summarise(arms, 2)
+    terms = {x["term"]: x for x in out["term_links"]}
+    assert set(terms) == {"shapes", "jpeg_compressibility"} and terms["shapes"]["seeds"] == [0, 1, 2]
+    assert terms["shapes"]["diffs"] == pytest.approx([np.mean([0.70 - 0.01 * s, 0.69]) - 0.715 for s in range(3)])
+    assert terms["jpeg_compressibility"]["mean"] == pytest.approx(0.135)
+    assert arms["oracle"]["flat_share_by_epoch"] == [0, 0.1, 0.2]
+    assert arms["oracle"]["terms_by_epoch"]["jpeg_compressibility"] == [-1.2, -1.1, -1.0]
+    md = markdown({"reward": spec, "eval_reward": spec, "preset": "p", "kept": 8, "pools": [16], "epochs": 2,
+                   "seeds": [0, 1, 2], "primary_epochs": [1, 2], "arms": {"none": "", "oracle": ""},
+                   "seeds_per_arm": {"none": 3, "oracle": 3}, "target_half": 0.01, "by_pool": {"n16": out}}, "x")
+    assert "| oracle - none | `jpeg_compressibility` | +0.1350 ± 0.0000 |" in md
+    assert "| oracle | 0.000 | 0.100 | 0.200 |" in md
+    # runs recorded before flat_share and terms were kept (an --extend of an older result) report neither
+    old = summarise({"none": {"runs": [_run(s, [0.7, 0.71, 0.72], 100) for s in range(2)]}}, 2)
+    assert "term_links" not in old and old["arms"]["none"]["flat_share_by_epoch"] == [None, None, None]

@@ -245,6 +245,21 @@ def test_evaluation_copies_the_summary_fields_its_scorer_reports():
     assert summary["reward"] == "lit" and "lit_by_seed" not in summary
 
 
+def test_a_weighted_rewards_terms_reach_the_records():
+    """A weighted multi-reward's evaluation sums itself up by each term's (unweighted) mean, so a run's records
+    carry them (eval.reward_<term>) beside the weighted total."""
+    from solrl.engine.evaluate import eval_metrics, evaluate
+    from solrl.rewards import build_reward
+
+    model = ShapesModel.random(seed=0, layers=1, heads=2)
+    summary, _ = evaluate(model, model.transformer, (2,), ["a red circle", "two blue squares"], 2, 7, SamplerSpec(),
+                          build_reward("shapes:1+jpeg_compressibility:0.5"))
+    rec = eval_metrics(summary)
+    shapes, jpeg = rec["eval.reward_shapes"], rec["eval.reward_jpeg_compressibility"]
+    assert jpeg < 0 and 0 <= shapes <= 1 and rec["eval.mean_reward"] == pytest.approx(shapes + 0.5 * jpeg, abs=1e-5)
+    assert summary["results"]["2"]["components"] == {"shapes": shapes, "jpeg_compressibility": jpeg}
+
+
 def test_flat_share_counts_blank_images_whatever_the_reward(monkeypatch):
     from solrl.engine.evaluate import FLAT_STD, evaluate, flat_share, is_flat
 
