@@ -348,10 +348,15 @@ def markdown(r: dict[str, Any], name: str) -> str:
              f"before the runs: the held-out reward averaged over epochs {r['primary_epochs'][0]}-{r['primary_epochs'][1]}. "
              f"Intervals: 95% Student-t over seeds (paired for differences). Plot `{name}.png`. Arms:", ""]
     lines += [f"- `{a}` ({r['seeds_per_arm'][a]} seeds): {text}" for a, text in r["arms"].items()]
-    for src in r.get("extended_from", []):
+    seen: set[str] = set()
+    for src in r.get("extended_from", []):  # each earlier result names the runs that were new in it
         m = src.get("machine") or {}
-        lines += ["", f"Runs {', '.join(src['runs'])} are read from an earlier `{src['file']}` (same settings; measured "
-                      f"{m.get('date', 'at an unrecorded date')} on {m.get('cpu', 'an unrecorded machine')}), not trained again."]
+        new = [x for x in src["runs"] if x not in seen]
+        seen.update(new)
+        if new:
+            lines += ["", f"Runs {', '.join(new)} are read from an earlier `{src['file']}` (same settings; measured "
+                          f"{m.get('date', 'at an unrecorded date')} on {m.get('cpu', 'an unrecorded machine')}), not trained "
+                          "again."]
     for key, pool in r["by_pool"].items():
         arms = pool["arms"]
         lines += ["", f"## Pool {key[1:]}", "",

@@ -155,3 +155,12 @@ def test_a_weighted_rewards_terms_and_blank_canvases_are_paired_and_reported():
     # runs recorded before flat_share and terms were kept (an --extend of an older result) report neither
     old = summarise({"none": {"runs": [_run(s, [0.7, 0.71, 0.72], 100) for s in range(2)]}}, 2)
     assert "term_links" not in old and old["arms"]["none"]["flat_share_by_epoch"] == [None, None, None]
+    # a study extended twice names each earlier file with the runs that were new in it
+    md = markdown({"reward": spec, "eval_reward": spec, "preset": "p", "kept": 8, "pools": [16], "epochs": 2,
+                   "seeds": [0, 1, 2], "primary_epochs": [1, 2], "arms": {"none": ""}, "seeds_per_arm": {"none": 3},
+                   "target_half": 0.01, "by_pool": {"n16": old},
+                   "extended_from": [{"file": "a.json", "machine": {"cpu": "A"}, "runs": ["none_n16_seed0"]},
+                                     {"file": "b.json", "machine": {"cpu": "B"},
+                                      "runs": ["none_n16_seed0", "none_n16_seed1"]}]}, "x")
+    assert "Runs none_n16_seed0 are read from an earlier `a.json`" in md
+    assert "Runs none_n16_seed1 are read from an earlier `b.json`" in md
