@@ -210,6 +210,7 @@ def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
         arm["mechanism"] = {k: _epoch_means([r["mechanism"][k] for r in runs]) for k in MECHANISM}
         # blank canvases and a weighted reward's terms, per epoch (runs recorded before these were kept lack them)
         arm["flat_share_by_epoch"] = _epoch_means([[p.get("flat_share") for p in r["points"]] for r in runs])
+        arm["flat_share_seeds"] = [r["seed"] for r in runs if any(p.get("flat_share") is not None for p in r["points"])]
         terms = sorted({c for r in runs for p in r["points"] for c in (p.get("components") or {})})
         if terms:
             arm["terms_by_epoch"] = {c: _epoch_means([[(p.get("components") or {}).get(c) for p in r["points"]]
@@ -261,6 +262,17 @@ def _term_primary(run: dict[str, Any], term: str, last: int) -> float:
     if len(vals) != last or any(v is None for v in vals):
         raise ValueError(f"the term {term!r} needs its held-out value at every epoch 1..{last}")
     return float(np.mean(vals))
+
+
+def _seeds(seeds: list[int]) -> str:
+    """Run seeds as ranges: [0, 1, 2, 5] -> "0-2, 5"."""
+    parts: list[str] = []
+    for s in sorted(seeds):
+        if parts and s == int(parts[-1].split("-")[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{s}"
+        else:
+            parts.append(str(s))
+    return ", ".join(parts)
 
 
 def _common(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -384,10 +396,11 @@ def markdown(r: dict[str, Any], name: str) -> str:
         flat = {a: x["flat_share_by_epoch"] for a, x in arms.items()
                 if any(v is not None for v in x.get("flat_share_by_epoch", []))}
         if flat:
-            lines += ["", "Held-out images that are one flat colour (`flat_share`: blank canvases), mean over the seeds that "
-                      "recorded it, per epoch:", "", "| arm | " + " | ".join(map(str, epochs)) + " |",
-                      "|---|" + "---|" * len(epochs)]
-            lines += [f"| {a} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in vals) + " |" for a, vals in flat.items()]
+            lines += ["", "Held-out images that are one flat colour (`flat_share`: blank canvases), mean over the run seeds "
+                      "that recorded it (runs trained before it was recorded lack it), per epoch:", "",
+                      "| arm (seeds) | " + " | ".join(map(str, epochs)) + " |", "|---|" + "---|" * len(epochs)]
+            lines += [f"| {a} ({_seeds(arms[a]['flat_share_seeds'])}) | "
+                      + " | ".join("-" if v is None else f"{v:.3f}" for v in vals) + " |" for a, vals in flat.items()]
         eq = pool["at_equal_cost"]
         if eq:
             lines += ["", f"At equal cost ({eq['cost_bf16_fwd']:.0f} BF16-forward equivalents, B200 bound; `random` "

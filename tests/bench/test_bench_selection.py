@@ -151,7 +151,7 @@ def test_a_weighted_rewards_terms_and_blank_canvases_are_paired_and_reported():
                    "seeds": [0, 1, 2], "primary_epochs": [1, 2], "arms": {"none": "", "oracle": ""},
                    "seeds_per_arm": {"none": 3, "oracle": 3}, "target_half": 0.01, "by_pool": {"n16": out}}, "x")
     assert "| oracle - none | `jpeg_compressibility` | +0.1350 ± 0.0000 |" in md
-    assert "| oracle | 0.000 | 0.100 | 0.200 |" in md
+    assert "| oracle (0-2) | 0.000 | 0.100 | 0.200 |" in md
     # runs recorded before flat_share and terms were kept (an --extend of an older result) report neither
     old = summarise({"none": {"runs": [_run(s, [0.7, 0.71, 0.72], 100) for s in range(2)]}}, 2)
     assert "term_links" not in old and old["arms"]["none"]["flat_share_by_epoch"] == [None, None, None]
