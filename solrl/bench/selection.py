@@ -107,11 +107,17 @@ def mechanism(run_dir: Path) -> dict[str, list[float | None]]:
     return {k: [r.get(k) for r in recs] for k in MECHANISM}
 
 
-def primary(run: dict[str, Any], last: int) -> float:
-    """The run's held-out reward averaged over its evaluated epochs 1..last."""
-    vals = [p["reward"] for p in run["points"] if 1 <= p["epoch"] <= last]
-    if len(vals) != last:
-        raise ValueError(f"the primary measure needs the held-out reward at every epoch 1..{last}; got {len(vals)}")
+def _term(point: dict[str, Any], term: str) -> float | None:
+    """A weighted reward's term `term` (unweighted) at an evaluated point; None where the run did not record it."""
+    return (point.get("components") or {}).get(term)
+
+
+def primary(run: dict[str, Any], last: int, term: str | None = None) -> float:
+    """The run's held-out reward (or a weighted reward's `term`) averaged over its evaluated epochs 1..last."""
+    vals = [p["reward"] if term is None else _term(p, term) for p in run["points"] if 1 <= p["epoch"] <= last]
+    if len(vals) != last or any(v is None for v in vals):
+        what = "held-out reward" if term is None else f"term {term!r}"
+        raise ValueError(f"the primary measure needs the {what} at every epoch 1..{last}; got {len(vals)}")
     return float(np.mean(vals))
 
 
@@ -213,20 +219,18 @@ def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
         arm["flat_share_seeds"] = [r["seed"] for r in runs if any(p.get("flat_share") is not None for p in r["points"])]
         terms = sorted({c for r in runs for p in r["points"] for c in (p.get("components") or {})})
         if terms:
-            arm["terms_by_epoch"] = {c: _epoch_means([[(p.get("components") or {}).get(c) for p in r["points"]]
-                                                      for r in runs]) for c in terms}
+            arm["terms_by_epoch"] = {c: _epoch_means([[_term(p, c) for p in r["points"]] for r in runs]) for c in terms}
     out: dict[str, Any] = {"arms": arms, "links": [], "at_equal_cost": None}
     for a, b, what in LINKS:
         if a in arms and b in arms:
             ra, rb = _common(arms[a]["runs"], arms[b]["runs"])
-            out["links"].append({"a": a, "b": b, "what": what, "seeds": [r["seed"] for r in ra],
+            seeds = [r["seed"] for r in ra]
+            out["links"].append({"a": a, "b": b, "what": what, "seeds": seeds,
                                  **paired([r["primary"] for r in ra], [r["primary"] for r in rb])})
-    for a, b, _ in LINKS:  # the primary measure of each term of a weighted reward, paired
-        for term in arms[a].get("terms_by_epoch", {}) if a in arms and b in arms else ():
-            ra, rb = _common(arms[a]["runs"], arms[b]["runs"])
-            diffs = paired([_term_primary(r, term, last) for r in ra], [_term_primary(r, term, last) for r in rb])
-            out.setdefault("term_links", []).append({"a": a, "b": b, "term": term, "seeds": [r["seed"] for r in ra],
-                                                     **diffs})
+            for term in arms[a].get("terms_by_epoch", {}):  # each term of a weighted reward, paired the same way
+                out.setdefault("term_links", []).append(
+                    {"a": a, "b": b, "term": term, "seeds": seeds,
+                     **paired([primary(r, last, term) for r in ra], [primary(r, last, term) for r in rb])})
     priced = [k for k in arms if k != "random"]
     if len(priced) > 1:
         budget = min(arms[k]["runs"][0]["points"][-1]["cost_bf16_fwd"] for k in priced)
@@ -256,23 +260,15 @@ def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
     return out
 
 
-def _term_primary(run: dict[str, Any], term: str, last: int) -> float:
-    """A weighted reward's term `term` (unweighted) averaged over the run's evaluated epochs 1..last."""
-    vals = [(p.get("components") or {}).get(term) for p in run["points"] if 1 <= p["epoch"] <= last]
-    if len(vals) != last or any(v is None for v in vals):
-        raise ValueError(f"the term {term!r} needs its held-out value at every epoch 1..{last}")
-    return float(np.mean(vals))
-
-
 def _seeds(seeds: list[int]) -> str:
     """Run seeds as ranges: [0, 1, 2, 5] -> "0-2, 5"."""
-    parts: list[str] = []
+    runs: list[list[int]] = []
     for s in sorted(seeds):
-        if parts and s == int(parts[-1].split("-")[-1]) + 1:
-            parts[-1] = f"{parts[-1].split('-')[0]}-{s}"
+        if runs and s == runs[-1][-1] + 1:
+            runs[-1].append(s)
         else:
-            parts.append(str(s))
-    return ", ".join(parts)
+            runs.append([s])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _common(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
