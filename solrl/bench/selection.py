@@ -7,13 +7,16 @@ how the k trained seeds are chosen from a pool of n:
 - `random`: k of the n at random (the n sampled in BF16 at full steps, as `oracle`);
 - `oracle`: the best k/2 and worst k/2 of the n by the BF16 full-step reward (naive_scaling);
 - `proxy_bf16`: best / worst by a BF16 explorer at the preset's few explore steps, the kept seeds regenerated (sol_rl);
-- `proxy_nvfp4`: the same with the NVFP4-emulated explorer (the preset itself).
+- `proxy_nvfp4`: the same with the NVFP4-emulated explorer (the preset itself);
+- `proxy_fp8`: the same with an FP8 (E4M3, per-tensor current scaling) emulated explorer at 4 explore steps (the
+  paper's other low-precision proxy, cheaper in steps and dearer per quantized forward than NVFP4).
 
 Runs are paired: run seed s draws the same prompts and the same pool of initial noises in every arm (the `none` arm
 trains the first k seeds of that pool), so an arm's difference from another is read per seed and its interval is
 the paired Student-t interval over seeds. Link (a), that keeping the best and worst of a larger pool teaches more per
 trained sample: `oracle` - `none` (and `oracle` - `random`, the same pool without the ranking). Link (b), that the
-few-step low-precision proxy keeps enough of the ranking: `proxy_nvfp4` - `oracle` (and `proxy_bf16` - `oracle`).
+few-step low-precision proxy keeps enough of the ranking: `proxy_nvfp4` - `oracle` (and `proxy_bf16`, `proxy_fp8` -
+`oracle`).
 
 The primary measure was fixed before the runs: the held-out exact reward (the `eval.reward`) averaged over epochs
 1..E (E = 8 by default; the sum over those epochs divided by E, so it reads on the reward's scale): speed, not the
@@ -49,6 +52,8 @@ ARMS: dict[str, tuple[list[str], str]] = {
     "oracle": (["rollout.mode=naive_scaling"], "best/worst k of n by the BF16 full-step reward"),
     "proxy_bf16": (["rollout.explore_precision.backend=bf16"], "best/worst by a BF16 explorer at the explore steps"),
     "proxy_nvfp4": ([], "best/worst by the NVFP4-emulated explorer at the explore steps (the preset)"),
+    "proxy_fp8": (["rollout.explore_precision.backend=fp8-e4m3-emu", "rollout.explore_steps=4"],
+                  "best/worst by an FP8 (E4M3) emulated explorer at 4 explore steps"),
 }
 # (arm, minus arm, what the difference tests)
 LINKS = [("oracle", "none", "link (a): selection by the true reward against no selection"),
@@ -56,6 +61,7 @@ LINKS = [("oracle", "none", "link (a): selection by the true reward against no s
          ("random", "none", "control: random k of n against the first k (should be 0)"),
          ("proxy_nvfp4", "oracle", "link (b): the NVFP4 few-step proxy against the oracle's choice"),
          ("proxy_bf16", "oracle", "link (b): a BF16 few-step proxy against the oracle's choice"),
+         ("proxy_fp8", "oracle", "link (b): an FP8 4-step proxy against the oracle's choice"),
          ("proxy_nvfp4", "none", "the whole two-stage loop against no selection")]
 MECHANISM = ("rollout.half_gap", "rollout.group_std", "train.advantage_abs_mean", "train.grad_norm", "train.drift_old",
              "proxy_kendall_tau")

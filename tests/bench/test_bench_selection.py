@@ -164,3 +164,22 @@ def test_a_weighted_rewards_terms_and_blank_canvases_are_paired_and_reported():
                                       "runs": ["none_n16_seed0", "none_n16_seed1"]}]}, "x")
     assert "Runs none_n16_seed0 are read from an earlier `a.json`" in md
     assert "Runs none_n16_seed1 are read from an earlier `b.json`" in md
+
+
+def test_every_arm_is_the_preset_with_its_choice_changed():
+    from solrl.bench.selection import ARMS, LINKS, PRESET
+    from solrl.config import apply_overrides, get_preset
+
+    cfgs = {a: apply_overrides(get_preset(PRESET), sets).validate() for a, (sets, _) in ARMS.items()}
+    assert {a: c.rollout.mode for a, c in cfgs.items()} == {
+        "none": "diffusion_nft", "random": "naive_scaling", "oracle": "naive_scaling", "proxy_bf16": "sol_rl",
+        "proxy_nvfp4": "sol_rl", "proxy_fp8": "sol_rl"}
+    explorers = {a: (c.rollout.explore_precision.backend, c.rollout.explore_steps) for a, c in cfgs.items()
+                 if c.rollout.mode == "sol_rl"}
+    assert explorers == {"proxy_bf16": ("bf16", 6), "proxy_nvfp4": ("nvfp4-emu", 6), "proxy_fp8": ("fp8-e4m3-emu", 4)}
+    # nothing else differs: the trainer, the pool, the regeneration and the evaluation are the preset's
+    base = get_preset(PRESET)
+    for c in cfgs.values():
+        assert (c.train, c.rollout.kept, c.rollout.steps, c.eval) == (base.train, base.rollout.kept, base.rollout.steps,
+                                                                       base.eval)
+    assert all(a in ARMS and b in ARMS for a, b, _ in LINKS) and ("proxy_fp8", "oracle") in {(a, b) for a, b, _ in LINKS}
