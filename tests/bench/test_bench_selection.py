@@ -183,3 +183,9 @@ def test_every_arm_is_the_preset_with_its_choice_changed():
         assert (c.train, c.rollout.kept, c.rollout.steps, c.eval) == (base.train, base.rollout.kept, base.rollout.steps,
                                                                        base.eval)
     assert all(a in ARMS and b in ARMS for a, b, _ in LINKS) and ("proxy_fp8", "oracle") in {(a, b) for a, b, _ in LINKS}
+    # `solrl bench --help` names every arm
+    from solrl.cli.app import build_parser
+
+    bench = next(a for a in build_parser()._subparsers._group_actions[0].choices["bench"]._actions
+                 if a.dest == "arms")
+    assert all(a in bench.help for a in ARMS)
