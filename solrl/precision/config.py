@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 # The built-in backends' names (solrl.precision.available_backends(), sorted), here without torch for
 # command-line choices; tests/cli/test_cli_fast.py keeps the two equal.
-BACKEND_NAMES = ("bf16", "fp32", "fp8", "fp8-e4m3-emu", "fp8-e5m2-emu", "fp8-torchao", "mxfp4-emu", "nvfp4",
+BACKEND_NAMES = ("bf16", "bf16-cpu", "fp32", "fp8", "fp8-e4m3-emu", "fp8-e5m2-emu", "fp8-torchao", "mxfp4-emu", "nvfp4",
                  "nvfp4-emu", "nvfp4-te-emu")
 
 

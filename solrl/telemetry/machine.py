@@ -8,10 +8,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+# The instruction-set flags that decide which CPU kernels are fast (what a timing is read against): vector width,
+# BF16 (AVX512-BF16, AMX) and INT8 dot products (VNNI, AMX).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The first processor's flags from a /proc/cpuinfo text (default: this machine's; empty where there is none)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return frozenset()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
 
 def describe_machine() -> dict[str, Any]:
-    """CPU model, cores, torch version and threads, Python version (torch is imported here: this module loads
-    without it, as `solrl bench --help` does)."""
+    """CPU model and its kernel-deciding flags (ISA_FLAGS), cores, torch version and threads, Python version (torch
+    is imported here: this module loads without it, as `solrl bench --help` does)."""
     import torch
 
     cpu = platform.processor() or platform.machine()
@@ -22,8 +40,9 @@ def describe_machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "python": platform.python_version()}
+    flags = cpu_flags()
+    return {"cpu": cpu, "cpu_flags": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version()}
 
 
 def machine() -> dict[str, Any]:
@@ -50,5 +69,7 @@ def machine_line(m: dict[str, Any]) -> str:
     gpu = m["gpu"] or "no GPU"
     load = m.get("loadavg_1_5_15")
     busy = f"; load average at the end {'/'.join(map(str, load))} (1/5/15 min)" if load else ""
-    return (f"{m['cpu']}, {m['cores']} cores ({m['threads']} torch threads), {m['memory_gib']} GiB, {gpu}; "
+    isa = m.get("cpu_flags")
+    flags = f" ({' '.join(isa) if isa else 'no AVX2'})" if isa is not None else ""
+    return (f"{m['cpu']}{flags}, {m['cores']} cores ({m['threads']} torch threads), {m['memory_gib']} GiB, {gpu}; "
             f"Python {m['python']}, torch {m['torch']}; {m['date']}{busy}")

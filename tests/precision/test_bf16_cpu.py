@@ -1,0 +1,106 @@
+"""The real-kernel BF16 CPU explorer (`bf16-cpu`): machine detection and its clear error, real bfloat16 tensors, the
+bundled model's velocity against FP32, hot reload (merge and cast) and its atomicity, the explore pass on it."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from solrl.precision import PrecisionConfig, build_backend, runnable_backends
+from solrl.precision.reference import native_bf16_error
+from solrl.telemetry.machine import cpu_flags, describe_machine
+
+NATIVE = native_bf16_error(cpu_flags()) is None
+needs_bf16_cpu = pytest.mark.skipif(not NATIVE, reason="this CPU has no BF16 instructions (avx512_bf16 / amx_bf16)")
+
+ZEN4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+ZEN3 = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 fma\n"
+SPR = "flags\t\t: avx2 avx512f amx_bf16 amx_tile amx_int8\n"
+
+
+def test_cpu_flags_read_the_first_processor():
+    assert cpu_flags(ZEN4) == {"fpu", "sse2", "avx2", "avx512f", "avx512_bf16", "avx512_vnni"}
+    assert cpu_flags("no flags here") == frozenset()
+    assert "avx2" in describe_machine()["cpu_flags"] or not cpu_flags()  # the machine's own flags are recorded
+
+
+@pytest.mark.parametrize("text, ok, has", [(ZEN4, True, ""), (SPR, True, ""), (ZEN3, False, "AVX2"),
+                                           ("flags : avx2 avx512f\n", False, "AVX-512"), ("flags : sse2\n", False, "neither")])
+def test_native_bf16_error_names_the_flags_and_the_emulations(text, ok, has):
+    err = native_bf16_error(cpu_flags(text))
+    assert (err is None) == ok
+    if not ok:
+        assert has in err and "avx512_bf16" in err and "nvfp4-emu" in err and "'bf16'" in err
+
+
+def test_runnable_follows_the_machine():
+    assert ("bf16-cpu" in runnable_backends()) == NATIVE
+
+
+@pytest.mark.skipif(NATIVE, reason="this CPU runs BF16 natively: the refusal is checked on other machines and above")
+def test_prepare_refuses_without_bf16_instructions():
+    with pytest.raises(RuntimeError, match="BF16 instructions"):
+        build_backend(PrecisionConfig("bf16-cpu")).prepare(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+
+
+@needs_bf16_cpu
+def test_every_float_tensor_becomes_bfloat16_and_sync_casts_in_atomically():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    be = build_backend(PrecisionConfig("bf16-cpu"))
+    be.prepare(model)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert be.weight_bytes(model)["total"] == 2 * sum(p.numel() for p in model.parameters())
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    before = model(x)
+    w = torch.randn(8, 32)
+    be.requantize(model, {"2": w})
+    assert model[2].weight.dtype == torch.bfloat16 and torch.equal(model[2].weight, w.to(torch.bfloat16))
+    changed = model(x)
+    assert not torch.equal(changed, before)
+    with pytest.raises(ValueError, match="'0'"):   # a bad entry after a good one changes nothing
+        be.requantize(model, {"2": torch.zeros(8, 32), "0": torch.zeros(5, 5)})
+    assert torch.equal(model(x), changed)
+
+
+@needs_bf16_cpu
+def test_bundled_model_velocity_is_close_to_fp32_and_answers_in_fp32():
+    from solrl.shapes.model import ShapesModel
+
+    model = ShapesModel.load()
+    fast = copy.deepcopy(model.transformer)
+    build_backend(PrecisionConfig("bf16-cpu")).prepare(fast)
+    x = torch.randn(4, *model.spec.latent_shape, generator=torch.Generator().manual_seed(0))
+    t = torch.full((4,), 0.6)
+    cond = model.encode(["a red circle", "a blue square", "two green triangles", "a red circle above a blue square"])
+    with torch.no_grad():
+        ref = model.velocity(model.transformer, x, t, cond)
+        out = model.velocity(fast, x, t, cond)
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    rel = ((out - ref).norm() / ref.norm()).item()
+    assert 1e-4 < rel < 0.02, rel   # BF16 arithmetic, not FP32 relabelled, and close to it
+
+
+@needs_bf16_cpu
+def test_a_session_explores_on_the_real_kernel_copy_and_syncs_the_adapter():
+    from solrl.config import apply_overrides, get_preset
+    from solrl.engine.session import Session
+
+    cfg = apply_overrides(get_preset("shapes-sol-rl"), [
+        "rollout.explore_precision.backend=bf16-cpu", "rollout.prompts_per_epoch=2", "rollout.pool=4",
+        "rollout.kept=2", "rollout.explore_steps=2", "rollout.steps=3", "tensorboard=false", "lora.rank=4"]).validate()
+    sess = Session.build(cfg)
+    assert {p.dtype for p in sess.explorer.module.parameters()} == {torch.bfloat16}
+    rec = sess.epoch(0)
+    assert rec["forwards_explore"] == 2 * 4 * 2 and np.isfinite(rec["explore.reward_mean"])
+    for kind in ("time", "cpu"):   # wall and process CPU seconds per phase, the epoch their sum
+        assert rec[f"{kind}_epoch_s"] == pytest.approx(sum(rec[f"{kind}_{p}_s"] for p in
+                                                           ("sync", "explore", "regenerate", "train")))
+        assert rec[f"{kind}_explore_s"] > 0
+    # the adapter trained in epoch 1 reaches the explorer: its merged weights, cast to BF16
+    sess.sync()
+    merged = sess.adapters.merged_weights("old")
+    name, w = next(iter(merged.items()))
+    assert torch.equal(sess.explorer.module.get_submodule(name).weight, w.to(torch.bfloat16))
