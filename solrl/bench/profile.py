@@ -3,6 +3,7 @@ phase the regions the loop and the trainer mark (`torch.profiler.record_function
 trainable forwards, the backward, the optimizer step, sampling, decoding, scoring) and the torch operators that
 take the most time.
 
+Phases are timed in wall seconds and in this process's CPU seconds (all its threads; steadier on a shared machine).
 Timed epochs run without the profiler (its bookkeeping slows a CPU epoch of many small operators); one more epoch
 runs under it, and its shares are what the per-region and per-operator tables report. The first epoch of a
 session warms caches (prompt encodings, the explorer's quantized copy) and is left out of the timings.
@@ -22,6 +23,7 @@ from solrl.config import apply_overrides, get_preset
 from solrl.engine.session import Session
 
 PHASES = ("time_sync_s", "time_explore_s", "time_regenerate_s", "time_train_s", "time_epoch_s")
+CPU_PHASES = tuple(k.replace("time_", "cpu_") for k in PHASES)   # the same phases in process CPU seconds
 # the regions solrl marks (the prefix every record_function name of the loop and the trainer carries)
 REGION_PREFIX = "solrl."
 
@@ -76,7 +78,7 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     warm = sess.epoch(0) if not small else None  # small (the tests): no warm-up, the timings are not the point
     first = 0 if small else 1
     recs = [sess.epoch(e) for e in range(first, first + n_epochs)]
-    timed = {k: float(np.median([r[k] for r in recs])) for k in PHASES}
+    timed = {k: float(np.median([r[k] for r in recs])) for k in PHASES + CPU_PHASES}
     prof = profile_epoch(sess, first + n_epochs)
     rows = recs[0]
     result = {
@@ -106,11 +108,11 @@ def markdown(r: dict[str, Any]) -> str:
         f"Median of {r['epochs_timed']} epochs"
         + (f" after a warm-up epoch ({r['warmup_epoch_s']:.1f} s):" if r["warmup_epoch_s"] else " (no warm-up):"),
         "",
-        "| phase | s | share |", "|---|---|---|",
+        "| phase | wall s | share | CPU s (all threads) |", "|---|---|---|---|",
     ]
-    for k in PHASES[:-1]:
-        lines.append(f"| {k[5:-2]} | {m[k]:.2f} | {m[k] / epoch:.0%} |")
-    lines += [f"| **epoch** | **{epoch:.2f}** | |", ""]
+    for k, c in zip(PHASES[:-1], CPU_PHASES[:-1]):
+        lines.append(f"| {k[5:-2]} | {m[k]:.2f} | {m[k] / epoch:.0%} | {m.get(c, float('nan')):.2f} |")
+    lines += [f"| **epoch** | **{epoch:.2f}** | | {m.get(CPU_PHASES[-1], float('nan')):.2f} |", ""]
     if any("train.kl" in t for t in r["train"]):
         lines += ["Training loss and the KL term per epoch:", "",
                   "| epoch | loss | KL | kl_beta x KL | share of the loss |", "|---|---|---|---|---|"]

@@ -62,8 +62,9 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         "eval_after": evals[-1]["eval.mean_reward"] if evals else None,
         "wall_time_s": round(time.perf_counter() - t_run, 1),
         "mean_epoch_times_s": {k: float(np.mean([r[k] for r in records if k in r]))
-                               for k in ("time_sync_s", "time_explore_s", "time_regenerate_s", "time_train_s",
-                                         "time_epoch_s") if any(k in r for r in records)},
+                               for k in (f"{kind}_{phase}_s" for kind in ("time", "cpu")
+                                         for phase in ("sync", "explore", "regenerate", "train", "epoch"))
+                               if any(k in r for r in records)},
         "forwards_per_epoch": {k: int(np.mean([r[k] for r in records if k in r]))
                                for k in ("forwards_explore", "forwards_regenerate", "forwards_rollout_total")
                                if any(k in r for r in records)},

@@ -69,6 +69,7 @@ class Session:
     # rollout.staleness=1: the "old" adapter as it was before the last update (version - 1), which the next
     # epoch's rollouts are sampled with; None before the first update (epoch 1 samples with version 0)
     rollout_old: list[torch.Tensor] | None = None
+    last_sync_cpu_s: float = 0.0  # the process CPU seconds of the last `sync`
 
     @classmethod
     def build(cls, cfg: RunConfig, local_explorer: bool = True) -> Session:
@@ -240,11 +241,13 @@ class Session:
 
     # ---------------------------------------------------------------- one epoch
     def sync(self) -> float:
-        """Push the "old" adapter to the inference copies (merge + requantize)."""
-        t0 = time.perf_counter()
+        """Push the "old" adapter to the inference copies (merge + requantize); returns the wall seconds (and keeps
+        the process CPU seconds in `last_sync_cpu_s`)."""
+        t0, c0 = time.perf_counter(), time.process_time()
         if self.explorer is not None:
             with record_function("solrl.sync"):
                 self.explorer.sync(self.adapters.merged_weights("old"), self.rollout_version())
+        self.last_sync_cpu_s = time.process_time() - c0
         return time.perf_counter() - t0
 
     def epoch(self, epoch: int, on_stage=lambda stage: None) -> dict[str, Any]:
@@ -257,7 +260,7 @@ class Session:
         with self.sampling_adapter():
             data_x0, data_r, data_p, group, data_traj, data_lp = self.rollouts(rng, tgen, rec, on_stage)
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         on_stage("train")
         if self.trainer.ranks.parallel:  # data-parallel: the other ranks train on this batch too (Session.follow)
             ddp.share_batch(self.trainer.ranks, epoch, tgen, data_x0, data_r, group, data_p)
@@ -267,7 +270,12 @@ class Session:
             rec.update(self.trainer.update(batch, tgen))
         self.version += 1
         rec["time_train_s"] = time.perf_counter() - t0
-        rec["time_epoch_s"] = rec["time_sync_s"] + rec["time_explore_s"] + rec["time_regenerate_s"] + rec["time_train_s"]
+        rec["cpu_train_s"] = time.process_time() - c0
+        # wall seconds (time_*) and this process's CPU seconds summed over its threads (cpu_*: steadier than wall
+        # time on a shared machine, where another process's load stretches the wall clock but not this process's
+        # work) of each phase; evaluation is not part of an epoch
+        for kind in ("time", "cpu"):
+            rec[f"{kind}_epoch_s"] = sum(rec[f"{kind}_{phase}_s"] for phase in ("sync", "explore", "regenerate", "train"))
         return rec
 
     def rollouts(self, rng: np.random.Generator, tgen: torch.Generator, rec: dict[str, Any],
@@ -285,10 +293,11 @@ class Session:
         seeds = [row[:pool] for row in seeds]
         on_stage("sync")
         rec["time_sync_s"] = self.sync()
+        rec["cpu_sync_s"] = self.last_sync_cpu_s
         mb = r.micro_batch
         data_traj = data_lp = None
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         ex = None
         if s.explores:
             on_stage("explore")
@@ -301,8 +310,9 @@ class Session:
             rec.update({"explore.reward_mean": float(ex.scores.mean()), "explore.reward_std": float(ex.scores.std()),
                         "forwards_explore": ex.forwards})
         rec["time_explore_s"] = time.perf_counter() - t0
+        rec["cpu_explore_s"] = time.process_time() - c0
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         on_stage("regenerate" if s.samples_bf16 else "select")
         if not s.samples_bf16:  # naive_quant: the kept low-precision samples are trained on as they are
             kept_flat = [p * pool + i for p, idx in enumerate(ex.kept) for i in idx]
@@ -333,6 +343,7 @@ class Session:
                 kept_proxy = np.stack([ex.scores[p][idx] for p, idx in enumerate(ex.kept)])
                 rec.update(proxy_agreement(kept_proxy, rg.rewards.reshape(len(prompts), r.kept)))
         rec["time_regenerate_s"] = time.perf_counter() - t0
+        rec["cpu_regenerate_s"] = time.process_time() - c0
         rec["rollout.reward_mean"] = float(np.mean(data_r))
         rec["rollout.reward_std"] = float(np.std(data_r))
         by_prompt = np.asarray(data_r).reshape(len(prompts), -1)  # [P, k] trained rewards
