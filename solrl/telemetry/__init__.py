@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-# Keys whose values depend on wall-clock time; determinism checks compare everything else.
-TIMING_PREFIXES = ("time_", "wall_", "elapsed")
+# Keys whose values depend on wall-clock or CPU time; determinism checks compare everything else.
+TIMING_PREFIXES = ("time_", "cpu_", "wall_", "elapsed")
 
 
 class MetricsWriter:
