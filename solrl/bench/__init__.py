@@ -14,7 +14,7 @@ from typing import Any
 
 BENCHES: dict[str, str] = {
     "ranking": "low-precision few-step proxy vs BF16 full-step rewards: Kendall tau, Spearman, top-k",
-    "rollout": "per-epoch rollout time and forwards: naive_scaling vs sol_rl vs diffusion_nft",
+    "rollout": "per-epoch rollout seconds (wall and CPU) and forwards: naive_scaling vs sol_rl per explorer vs diffusion_nft",
     "ablate": "pool size and explore steps at a fixed training budget",
     "curve": "held-out reward against wall-clock for the four modes; time to reach diffusion_nft's final",
     "serve": "services vs embedded epoch time; reward service throughput and latency via tritonclient",

@@ -1,19 +1,31 @@
-"""Rollout cost per epoch: naive_scaling (k-in-n, all n in BF16 at full steps) vs sol_rl (n explored
-in low precision at few steps, k regenerated in BF16) vs diffusion_nft (k-in-k, BF16), at the same
-prompts, pool n and kept k, through the loop's own epoch code (`Session.epoch`).
+"""Rollout time per epoch, measured: naive_scaling (k-in-n, the whole pool at full steps in the bed's high
+precision) vs the two-stage rollout (sol_rl: the pool explored at few steps by each explorer asked for, the kept k
+regenerated at full steps) vs diffusion_nft (k-in-k), at the same prompts, pool n and kept k, through the loop's own
+epoch code (`Session.epoch`).
 
-The forward-count bound: naive forwards / sol_rl forwards, where an explore forward is weighted by
-its cost relative to a BF16 forward (1.0: counts only; 0.5: the NVFP4 GEMM at half the BF16 cost, as on
-Blackwell), and the B200 bound of this model: only the quantized layers' share of a forward's
-multiply-accumulates runs at the FP4 rate (1/4 of BF16), the rest (convolutions, layers kept in high
-precision) at 1 -- the cost model `solrl bench curve` uses. On a CPU the emulated FP4 forward (quantize,
-dequantize, matmul in fp32) costs MORE than
-a BF16 one, so the measured CPU speed-up is below the bound; both are reported, with the measured cost
-per forward of each precision.
+Every mode's session is built first and warmed up by one epoch; then the measured epochs alternate between the modes
+(epoch e of every mode, then e + 1), so a machine whose speed drifts slows them alike. Each phase is read in wall
+seconds and in this process's CPU seconds (all its threads), which a busy neighbour disturbs less.
+
+Beside the measured speed-up, bounds:
+- the forward-count bounds (an explore forward as dear as a high-precision one; at half its cost) and the B200 bound
+  of this model (FP4 at 1/4 of BF16 on the share of the explore forward's multiply-accumulates it quantizes), as before;
+- the bound from the measured per-forward cost: the denoiser forward alone timed here at the batch each pass runs
+  (a prompt's pool for naive_scaling and exploration, its k kept seeds for regeneration), the regenerator's with its
+  unmerged LoRA as the loop runs it, the explorer's on its merged copy. bound = naive's forward seconds / the two-stage
+  rollout's forward seconds: what the rollout would gain if nothing but the denoiser cost time. The goal for a
+  real-kernel explorer: the measured rollout speed-up at least 0.9x this bound.
+
+On a CPU the emulated formats (nvfp4-emu, fp8-*-emu) compute in FP32 around a fake quantization, so their forward costs
+more than the FP32 one; `bf16-cpu` runs torch's native BF16 kernels where the CPU has BF16 instructions
+(solrl/precision/reference.py). The hot reload (the adapter merged and cast or re-quantized into the explorer's copy)
+is reported as a share of one explore call (one prompt's pool at the explore steps).
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,72 +35,197 @@ from solrl.bench.common import write_results
 from solrl.config import apply_overrides, get_preset
 from solrl.engine.session import Session
 
-MODES = ("naive_scaling", "sol_rl", "diffusion_nft")
+PHASES = ("sync", "explore", "regenerate", "train", "epoch")
 
 
-def run(out: Path, small: bool = False, prompts: int | None = None, pool: int | None = None,
-        kept: int | None = None, epochs: int | None = None, seed: int = 0) -> dict[str, Any]:
-    n_prompts, n_pool, n_kept = prompts or (2 if small else 8), pool or (8 if small else 32), kept or (4 if small else 8)
+def default_explorers(small: bool) -> tuple[str, ...]:
+    """The real-kernel explorer this machine runs (bf16-cpu where the CPU has BF16 instructions) and the preset's
+    NVFP4 emulation."""
+    from solrl.precision import runnable_backends
+
+    return (*(("bf16-cpu",) if "bf16-cpu" in runnable_backends() else ()), "nvfp4-emu")
+
+
+def run(out: Path, small: bool = False, prompts: int | None = None, pools: tuple[int, ...] | None = None,
+        kept: int | None = None, epochs: int | None = None, seed: int = 0, precisions: tuple[str, ...] | None = None,
+        steps: tuple[int, ...] | None = None) -> dict[str, Any]:
+    """`precisions`: the explorers of the two-stage rollout (default: `default_explorers`); `steps`: their explore steps
+    (default the preset's 6; 2 with --small). One two-stage mode per (explorer, steps); one table per pool size
+    (default 32; 8 with --small)."""
+    sizes = tuple(pools or ((8,) if small else (32,)))
+    by_pool = {f"n{n}": one_pool(small, prompts, n, kept, epochs, seed, precisions, steps) for n in sizes}
+    first = next(iter(by_pool.values()))
+    result = {"prompts": first["prompts"], "epochs": first["epochs"], "warmup_epochs": 1, "by_pool": by_pool}
+    return write_results(out, "rollout", result, "\n\n".join(markdown(v) for v in by_pool.values()))
+
+
+def one_pool(small: bool, prompts: int | None, n_pool: int, kept: int | None, epochs: int | None, seed: int,
+             precisions: tuple[str, ...] | None, steps: tuple[int, ...] | None) -> dict[str, Any]:
+    """The modes at one pool size: build, warm up, alternate the measured epochs, time the forwards."""
+    n_prompts, n_kept = prompts or (2 if small else 8), kept or (4 if small else 8)
+    if n_pool <= n_kept:
+        raise ValueError(f"--pools: every pool must be larger than the {n_kept} kept seeds, got {n_pool}")
     n_epochs = epochs or (1 if small else 3)
+    explorers = tuple(precisions or default_explorers(small))
+    from solrl.precision import available_backends
+
+    unknown = [p for p in explorers if p not in available_backends()]
+    if unknown:
+        raise ValueError(f"--precisions: unknown backend {unknown[0]!r}; available: {available_backends()}")
+    step_list = tuple(steps or ((2,) if small else (6,)))
+    common = [f"rollout.prompts_per_epoch={n_prompts}", f"rollout.kept={n_kept}", f"seed={seed}", "tensorboard=false"]
+    if small:
+        common += ["rollout.steps=4"]
+    plan: dict[str, tuple[str, list[str]]] = {
+        "naive_scaling": ("shapes-naive-scaling", [f"rollout.pool={n_pool}"]),
+        "diffusion_nft": ("shapes-diffusion-nft", [f"rollout.pool={n_kept}"]),
+    }
+    for backend in explorers:
+        for s in step_list:
+            plan[f"sol_rl:{backend}@{s}"] = ("shapes-sol-rl", [f"rollout.pool={n_pool}", f"rollout.explore_steps={s}",
+                                                               f"rollout.explore_precision.backend={backend}"])
+    configs = {m: apply_overrides(get_preset(p), common + sets).validate() for m, (p, sets) in plan.items()}
+    sessions = {m: Session.build(cfg) for m, cfg in configs.items()}
+    for sess in sessions.values():   # a warm-up epoch each (first-call allocations, oneDNN's kernel choices)
+        sess.epoch(0)
+    recs: dict[str, list[dict[str, Any]]] = {m: [] for m in plan}
+    for e in range(1, n_epochs + 1):  # alternate: epoch e of every mode before e + 1 of any
+        for m, sess in sessions.items():
+            recs[m].append(sess.epoch(e))
+
     per_mode: dict[str, Any] = {}
-    configs = {}
-    for mode in MODES:
-        preset = "shapes-diffusion-nft" if mode == "diffusion_nft" else f"shapes-{mode.replace('_', '-')}"
-        sets = [f"rollout.prompts_per_epoch={n_prompts}", f"rollout.pool={n_kept if mode == 'diffusion_nft' else n_pool}",
-                f"rollout.kept={n_kept}", f"seed={seed}", "tensorboard=false"]
-        cfg = configs[mode] = apply_overrides(get_preset(preset), sets).validate()
-        sess = Session.build(cfg)
-        recs = [sess.epoch(e) for e in range(n_epochs)]
+    for m, cfg in configs.items():
+        rs, r = recs[m], cfg.rollout
 
-        def med(key: str, recs: list[dict[str, Any]] = recs) -> float:
-            return float(np.median([r.get(key, 0.0) for r in recs]))
+        def med(key: str, rs: list[dict[str, Any]] = rs) -> float:
+            return float(np.median([x.get(key, 0.0) for x in rs]))
 
-        explore_s, regen_s = med("time_explore_s"), med("time_regenerate_s")
-        f_ex, f_rg = int(recs[0].get("forwards_explore", 0)), int(recs[0]["forwards_regenerate"])
-        per_mode[mode] = {
-            "pool": int(cfg.rollout.pool), "kept": int(cfg.rollout.kept), "explore_steps": int(cfg.rollout.explore_steps),
-            "steps": int(cfg.rollout.steps), "explore_precision": cfg.rollout.explore_precision.backend,
-            "forwards_explore": f_ex, "forwards_regenerate": f_rg, "forwards_total": f_ex + f_rg,
-            "rollout_s": explore_s + regen_s, "explore_s": explore_s, "regenerate_s": regen_s,
-            "train_s": med("time_train_s"), "epoch_s": med("time_epoch_s"),
-            "s_per_explore_forward": explore_s / f_ex if f_ex else None,
-            "s_per_bf16_forward": regen_s / f_rg if f_rg else None,
-        }
-    naive, sol = per_mode["naive_scaling"], per_mode["sol_rl"]
+        f_ex, f_rg = int(rs[0].get("forwards_explore", 0)), int(rs[0]["forwards_regenerate"])
+        row = {"pool": int(r.pool), "kept": int(r.kept), "explore_steps": int(r.explore_steps) if f_ex else None,
+               "steps": int(r.steps), "explore_precision": r.explore_precision.backend if f_ex else None,
+               "precision": r.precision.backend, "forwards_explore": f_ex, "forwards_regenerate": f_rg,
+               "forwards_total": f_ex + f_rg,
+               **{f"{kind}_{ph}_s": med(f"{kind}_{ph}_s") for kind in ("time", "cpu") for ph in PHASES}}
+        for kind in ("time", "cpu"):
+            row[f"{kind}_rollout_s"] = row[f"{kind}_explore_s"] + row[f"{kind}_regenerate_s"]
+        per_mode[m] = row
+    forward_s = forward_seconds(sessions, configs)
+    naive = per_mode["naive_scaling"]
     from solrl.bench.curve import explore_share
     from solrl.hardware import forward_cost
 
-    share = explore_share(configs["sol_rl"])  # the explorer this run measured
-    sol["explore_quantized_share"] = round(share, 4)
-    ratio = {
-        "measured_rollout_speedup": naive["rollout_s"] / sol["rollout_s"],
-        "measured_epoch_speedup": naive["epoch_s"] / sol["epoch_s"],
-        "forward_bound_equal_cost": naive["forwards_total"] / sol["forwards_total"],
-        "forward_bound_fp4_half_cost": naive["forwards_total"] / (0.5 * sol["forwards_explore"] + sol["forwards_regenerate"]),
-        "forward_bound_b200": naive["forwards_total"] / (forward_cost(sol["explore_precision"], share) * sol["forwards_explore"]
-                                                         + sol["forwards_regenerate"]),
-        "cpu_fp4_forward_cost_vs_bf16": sol["s_per_explore_forward"] / sol["s_per_bf16_forward"],
-    }
-    result = {"prompts": n_prompts, "epochs": n_epochs, "modes": per_mode, "speedup": ratio}
-    return write_results(out, "rollout", result, markdown(result))
+    speedups: dict[str, Any] = {}
+    for m, row in per_mode.items():
+        if not m.startswith("sol_rl:"):
+            continue
+        share = explore_share(configs[m])
+        row["explore_quantized_share"] = round(share, 4)
+        fs = forward_s[m]
+        one_call = fs["explore"] * row["explore_steps"]   # one prompt's pool at the explore steps
+        naive_fwd = forward_s["naive_scaling"]["regenerate"] * naive["steps"]
+        sol_fwd = one_call + fs["regenerate"] * row["steps"]
+        speedups[m] = {
+            "measured_rollout_wall": naive["time_rollout_s"] / row["time_rollout_s"],
+            "measured_rollout_cpu": naive["cpu_rollout_s"] / row["cpu_rollout_s"],
+            "measured_epoch_wall": naive["time_epoch_s"] / row["time_epoch_s"],
+            "measured_epoch_cpu": naive["cpu_epoch_s"] / row["cpu_epoch_s"],
+            "explore_forward_vs_high_precision": fs["explore"] / forward_s["naive_scaling"]["regenerate"],
+            "bound_measured_forwards": naive_fwd / sol_fwd,
+            "forward_bound_equal_cost": naive["forwards_total"] / row["forwards_total"],
+            "forward_bound_half_cost": naive["forwards_total"] / (0.5 * row["forwards_explore"]
+                                                                  + row["forwards_regenerate"]),
+            "forward_bound_b200": naive["forwards_total"] / (forward_cost(row["explore_precision"], share)
+                                                             * row["forwards_explore"] + row["forwards_regenerate"]),
+            "hot_reload_share_of_explore_call": row["time_sync_s"] / (row["time_explore_s"] / n_prompts),
+        }
+        s = speedups[m]
+        s["measured_over_bound"] = s["measured_rollout_wall"] / s["bound_measured_forwards"]
+    return {"prompts": n_prompts, "pool": n_pool, "kept": n_kept, "epochs": n_epochs, "warmup_epochs": 1,
+            "modes": per_mode, "forward_s": forward_s,
+            "speedup": {k: {a: round(b, 4) for a, b in v.items()} for k, v in speedups.items()}}
+
+
+def forward_seconds(sessions: dict[str, Session], configs: dict[str, Any], repeats: int = 5) -> dict[str, Any]:
+    """Per mode, the median seconds of one denoiser forward (model.velocity) at the batch its passes run: "explore"
+    on the explorer's copy at a prompt's pool, "regenerate" on the trainer's model with the "old" adapter at the
+    kept seeds (naive_scaling: at the pool). Timed after a warm-up call; the modes alternate each repeat."""
+    import torch
+
+    calls: dict[tuple[str, str], Any] = {}
+    for m, sess in sessions.items():
+        r = configs[m].rollout
+        spec = sess.model.spec
+        cond = sess.cache(["a red circle to the left of a blue square"])
+        mode_rows = {"regenerate": r.pool if m == "naive_scaling" else r.kept}
+        if sess.explorer is not None:
+            mode_rows["explore"] = r.pool
+        for phase, rows in mode_rows.items():
+            x = torch.randn(rows, *spec.latent_shape, generator=torch.Generator().manual_seed(rows))
+            t = torch.full((rows,), 0.5)
+            c = type(cond).cat([cond] * rows)
+            if phase == "explore":
+                def call(sess=sess, x=x, t=t, c=c):
+                    return sess.model.velocity(sess.explorer.module, x, t, c)
+            else:
+                def call(sess=sess, x=x, t=t, c=c):
+                    with sess.adapters.use("old"):
+                        return sess.model.velocity(sess.model.transformer, x, t, c)
+            calls[(m, phase)] = call
+    times: dict[tuple[str, str], list[float]] = {k: [] for k in calls}
+    with torch.no_grad():
+        for call in calls.values():
+            call()
+        for _ in range(repeats):
+            for k, call in calls.items():
+                t0 = time.perf_counter()
+                call()
+                times[k].append(time.perf_counter() - t0)
+    out: dict[str, Any] = {}
+    for (m, phase), ts in times.items():
+        out.setdefault(m, {})[phase] = statistics.median(ts)
+    return out
 
 
 def markdown(r: dict[str, Any]) -> str:
-    rows = ["| mode | pool -> kept | explore fwd | BF16 fwd | rollout s | epoch s |", "|---|---|---|---|---|---|"]
+    rows = ["| mode | pool -> kept | explore fwd | high-precision fwd | rollout s (wall / CPU) | epoch s (wall / CPU) | "
+            "hot reload s |", "|---|---|---|---|---|---|---|"]
     for mode, m in r["modes"].items():
         explore = (f"{m['forwards_explore']} ({m['explore_precision']}, {m['explore_steps']} steps)"
                    if m["forwards_explore"] else "0")
         rows.append(f"| {mode} | {m['pool']} -> {m['kept']} | {explore} | {m['forwards_regenerate']} | "
-                    f"{m['rollout_s']:.2f} | {m['epoch_s']:.2f} |")
-    s = r["speedup"]
-    return (f"{r['prompts']} prompts per epoch, median of {r['epochs']} epochs, the loop's own epoch code.\n\n"
-            + "\n".join(rows) + "\n\n"
-            f"- measured rollout speed-up sol_rl vs naive_scaling: **{s['measured_rollout_speedup']:.2f}x** "
-            f"(epoch: {s['measured_epoch_speedup']:.2f}x)\n"
-            f"- forward-count bound: {s['forward_bound_equal_cost']:.2f}x if an FP4 forward cost as much as a BF16 one, "
-            f"{s['forward_bound_fp4_half_cost']:.2f}x if the whole forward ran at half the cost; "
-            f"**{s['forward_bound_b200']:.2f}x** on the B200 bound of this model (FP4 at 1/4 of BF16 on the "
-            f"{r['modes']['sol_rl']['explore_quantized_share']:.0%} of the explore forward's work it quantizes)\n"
-            f"- on this CPU an emulated FP4 forward costs {s['cpu_fp4_forward_cost_vs_bf16']:.2f}x a BF16 one "
-            f"(fake-quant in fp32), which is why the measured speed-up is below the bound here; the paper "
-            f"reports 1.41-2.41x rollout speed-up on 8x B200 (docs/method.md).\n")
+                    f"{m['time_rollout_s']:.2f} / {m['cpu_rollout_s']:.2f} | {m['time_epoch_s']:.2f} / "
+                    f"{m['cpu_epoch_s']:.2f} | {m['time_sync_s']:.3f} |")
+    fwd = ["| mode | one forward, s (rows) |", "|---|---|"]
+    for mode, f in r["forward_s"].items():
+        m = r["modes"][mode]
+        parts = []
+        if "explore" in f:
+            parts.append(f"explore {f['explore'] * 1e3:.1f} ms ({m['pool']} rows, {m['explore_precision']})")
+        rows_rg = m["pool"] if mode == "naive_scaling" else m["kept"]
+        parts.append(f"high precision {f['regenerate'] * 1e3:.1f} ms ({rows_rg} rows, {m['precision']} weights, "
+                     "FP32 kernels on a CPU, LoRA unmerged)")
+        fwd.append(f"| {mode} | {'; '.join(parts)} |")
+    lines = [f"## Pool {r['pool']} -> {r['kept']}", "",
+             f"{r['prompts']} prompts per epoch; median of {r['epochs']} epochs per mode after {r['warmup_epochs']} "
+             "warm-up epoch, the modes' epochs alternating; the loop's own epoch code. Wall seconds and this process's "
+             "CPU seconds (all threads).", "", *rows, "", "The denoiser forward alone, median of 5 calls, at the batch "
+             "each pass runs:", "", *fwd, ""]
+    for mode, s in r["speedup"].items():
+        m = r["modes"][mode]
+        lines += [f"**{mode}** against naive_scaling:",
+                  f"- measured rollout speed-up **{s['measured_rollout_wall']:.2f}x** wall, "
+                  f"{s['measured_rollout_cpu']:.2f}x CPU time (epoch: {s['measured_epoch_wall']:.2f}x wall, "
+                  f"{s['measured_epoch_cpu']:.2f}x CPU)",
+                  f"- one explore forward costs {s['explore_forward_vs_high_precision']:.2f}x a high-precision one at "
+                  f"{m['pool']} rows; the bound from the measured forwards is **{s['bound_measured_forwards']:.2f}x**, "
+                  f"of which the loop reaches {s['measured_over_bound']:.2f}",
+                  f"- forward-count bounds: {s['forward_bound_equal_cost']:.2f}x at equal cost per forward, "
+                  f"{s['forward_bound_half_cost']:.2f}x at half; {s['forward_bound_b200']:.2f}x on the B200 bound of "
+                  "this model (" + (f"{m['explore_quantized_share']:.0%} of the explore forward's work at the FP4 / "
+                                    "FP8 rate" if m["explore_precision"] != "bf16-cpu" else
+                                    "a BF16 explorer costs a BF16 forward there") + ")",
+                  f"- hot reload (merge and {'cast' if not m['explore_precision'].endswith('emu') else 're-quantize'} "
+                  f"into the explorer): {s['hot_reload_share_of_explore_call']:.1%} of one explore call "
+                  "(one prompt's pool)", ""]
+    lines.append("The paper reports 1.41-2.41x rollout speed-ups on 8x B200 (docs/method.md).")
+    return "\n".join(lines)

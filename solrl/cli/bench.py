@@ -63,8 +63,9 @@ def add_parser(sub: argparse._SubParsersAction, commands: Callable[[], tuple[tup
     b.add_argument("--epochs", type=int, default=None,
                    help="rollout / curve / ablate / serve / selection: epochs per mode, setting or arm")
     b.add_argument("--precisions", default=None,
-                   help="ranking: comma-separated proxy precisions; NAME@2/6 limits one to those explore steps")
-    b.add_argument("--steps", type=step_list, default=None, help="ranking: comma-separated explore steps; "
+                   help="ranking: comma-separated proxy precisions; NAME@2/6 limits one to those explore steps; "
+                        "rollout: the two-stage explorers (default bf16-cpu where the CPU runs it, nvfp4-emu)")
+    b.add_argument("--steps", type=step_list, default=None, help="ranking, rollout: comma-separated explore steps; "
                                                                  "pretrain_sweep: STOP_AT[,EVAL_EVERY]")
     b.add_argument("--policies", default=None,
                    help="ranking: comma-separated per-layer policies for the quantizing precisions (default reference; "
@@ -84,8 +85,9 @@ def add_parser(sub: argparse._SubParsersAction, commands: Callable[[], tuple[tup
                         "the adaptive proxy; flow_grpo / sol_flow_grpo: FlowGRPO one- / two-stage)")
     b.add_argument("--arms", default=None,
                    help="selection: comma-separated arms (default all: none, random, oracle, proxy_bf16, proxy_nvfp4, "
-                        "proxy_fp8); NAME:N runs that arm on the first N run seeds only")
-    b.add_argument("--pools", type=pool_list, default=None, help="selection: comma-separated pool sizes n (default 16)")
+                        "proxy_fp8, proxy_bf16cpu, proxy_bf16cpu4); NAME:N runs that arm on the first N run seeds only")
+    b.add_argument("--pools", type=pool_list, default=None, help="selection: comma-separated pool sizes n (default 16); "
+                                                                 "rollout: one table each (default 32)")
     b.add_argument("--extend", default=None, metavar="JSON",
                    help="selection: an earlier selection JSON measured with the same settings (e.g. a committed one); "
                         "its runs are taken as done and only the seeds, arms and pools it lacks are trained")

@@ -68,17 +68,34 @@ def test_ranking_with_policies_and_two_rewards(tmp_path, capsys):
 
 
 def test_rollout_small_through_the_cli(tmp_path, capsys):
+    from solrl.precision import runnable_backends
+
     assert main(["bench", "rollout", "--small", "--seed", "0", "--out", str(tmp_path)]) == 0
     assert "measured rollout speed-up" in capsys.readouterr().out
     r = json.loads((tmp_path / "rollout.json").read_text())
-    m = r["modes"]
-    p = r["prompts"]
-    sol, naive, nft = m["sol_rl"], m["naive_scaling"], m["diffusion_nft"]
-    assert sol["forwards_explore"] == p * sol["pool"] * sol["explore_steps"]
-    assert sol["forwards_regenerate"] == nft["forwards_regenerate"] == p * sol["kept"] * sol["steps"]
+    assert r["machine"]["cpu_flags"] is not None and list(r["by_pool"]) == ["n8"]
+    pool = r["by_pool"]["n8"]
+    m, p = pool["modes"], pool["prompts"]
+    explorers = ["bf16-cpu", "nvfp4-emu"] if "bf16-cpu" in runnable_backends() else ["nvfp4-emu"]
+    assert list(m) == ["naive_scaling", "diffusion_nft", *(f"sol_rl:{b}@2" for b in explorers)]
+    naive, nft = m["naive_scaling"], m["diffusion_nft"]
+    for b in explorers:
+        sol = m[f"sol_rl:{b}@2"]
+        assert sol["explore_precision"] == b and sol["explore_steps"] == 2
+        assert sol["forwards_explore"] == p * sol["pool"] * sol["explore_steps"]
+        assert sol["forwards_regenerate"] == nft["forwards_regenerate"] == p * sol["kept"] * sol["steps"]
+        s = pool["speedup"][f"sol_rl:{b}@2"]
+        assert s["forward_bound_half_cost"] > s["forward_bound_equal_cost"] > 0
+        assert s["bound_measured_forwards"] > 0 and s["measured_rollout_cpu"] > 0 and s["hot_reload_share_of_explore_call"] > 0
+        assert set(pool["forward_s"][f"sol_rl:{b}@2"]) == {"explore", "regenerate"}
     assert naive["forwards_regenerate"] == p * naive["pool"] * naive["steps"] and naive["forwards_explore"] == 0
-    assert all(v["rollout_s"] > 0 and v["epoch_s"] >= v["rollout_s"] for v in m.values())
-    assert r["speedup"]["forward_bound_fp4_half_cost"] > r["speedup"]["forward_bound_equal_cost"] > 0
+    for v in m.values():
+        assert v["time_rollout_s"] > 0 and v["time_epoch_s"] >= v["time_rollout_s"]
+        assert 0 < v["cpu_rollout_s"] <= v["cpu_epoch_s"]
+    with pytest.raises(ValueError, match="unknown backend 'fp3'"):
+        run_bench("rollout", tmp_path, small=True, precisions=("fp3",))
+    with pytest.raises(ValueError, match="larger than the 4 kept"):
+        run_bench("rollout", tmp_path, small=True, pools=(4,))
 
 
 def test_profile_small_marks_every_training_pass_and_skips_the_reference_without_kl(tmp_path, capsys):
