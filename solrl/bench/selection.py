@@ -9,7 +9,9 @@ how the k trained seeds are chosen from a pool of n:
 - `proxy_bf16`: best / worst by a BF16 explorer at the preset's few explore steps, the kept seeds regenerated (sol_rl);
 - `proxy_nvfp4`: the same with the NVFP4-emulated explorer (the preset itself);
 - `proxy_fp8`: the same with an FP8 (E4M3, per-tensor current scaling) emulated explorer at 4 explore steps (the
-  paper's other low-precision proxy, cheaper in steps and dearer per quantized forward than NVFP4).
+  paper's other low-precision proxy, cheaper in steps and dearer per quantized forward than NVFP4);
+- `proxy_bf16cpu`, `proxy_bf16cpu4`: the same with the real-kernel BF16 explorer (`bf16-cpu`: torch's native BF16
+  kernels, on a CPU with BF16 instructions) at 6 and 4 explore steps: the arms whose seconds are the method's.
 
 Runs are paired: run seed s draws the same prompts and the same pool of initial noises in every arm (the `none` arm
 trains the first k seeds of that pool), so an arm's difference from another is read per seed and its interval is
@@ -27,6 +29,11 @@ is in expectation). Per epoch the runs record what each link passes on (the mech
 spread (`rollout.half_gap`, the better half minus the worse half of each prompt's k trained rewards, and
 `rollout.group_std`), the advantages' mean magnitude, the gradient norm, and how far the trained velocity moved from
 the old adapter's (`train.drift_old`), plus the proxy's Kendall tau on the kept seeds where there is a proxy.
+
+Measured seconds (`timed`): every run records each epoch's wall and process CPU seconds (evaluation excluded); against
+naive scaling (`oracle`) each arm's rollout and end-to-end speed-ups (paired ratios), the time its mean curve takes to
+reach naive scaling's final mean reward (as a share of naive scaling's time, interval by resampling the seeds) and the
+reward at equal seconds. A study with a real-kernel arm writes `selection-timed-*` files.
 
 The power calculation: from the oracle - none paired differences' spread, the number of seeds whose 95% interval has a
 half-width of at most `target_half` (0.01) — how many seeds a decisive run needs.
@@ -54,7 +61,15 @@ ARMS: dict[str, tuple[list[str], str]] = {
     "proxy_nvfp4": ([], "best/worst by the NVFP4-emulated explorer at the explore steps (the preset)"),
     "proxy_fp8": (["rollout.explore_precision.backend=fp8-e4m3-emu", "rollout.explore_steps=4"],
                   "best/worst by an FP8 (E4M3) emulated explorer at 4 explore steps"),
+    "proxy_bf16cpu": (["rollout.explore_precision.backend=bf16-cpu"],
+                      "best/worst by the real-kernel BF16 explorer (torch's native BF16 CPU kernels) at the explore steps"),
+    "proxy_bf16cpu4": (["rollout.explore_precision.backend=bf16-cpu", "rollout.explore_steps=4"],
+                       "best/worst by the real-kernel BF16 explorer at 4 explore steps"),
 }
+# the arms whose explorer runs real low-precision kernels here: their seconds are the method's, not an emulation's
+REAL_KERNEL_ARMS = ("proxy_bf16cpu", "proxy_bf16cpu4")
+# the timed comparison's reference: naive scaling, the whole pool sampled at full steps in high precision (`oracle`)
+TIMED_REFERENCE = "oracle"
 # (arm, minus arm, what the difference tests)
 LINKS = [("oracle", "none", "link (a): selection by the true reward against no selection"),
          ("oracle", "random", "link (a): the ranking itself (the same pool, chosen at random)"),
@@ -62,7 +77,10 @@ LINKS = [("oracle", "none", "link (a): selection by the true reward against no s
          ("proxy_nvfp4", "oracle", "link (b): the NVFP4 few-step proxy against the oracle's choice"),
          ("proxy_bf16", "oracle", "link (b): a BF16 few-step proxy against the oracle's choice"),
          ("proxy_fp8", "oracle", "link (b): an FP8 4-step proxy against the oracle's choice"),
-         ("proxy_nvfp4", "none", "the whole two-stage loop against no selection")]
+         ("proxy_bf16cpu", "oracle", "link (b): the real-kernel BF16 proxy against the oracle's choice"),
+         ("proxy_bf16cpu4", "oracle", "link (b): the real-kernel BF16 proxy at 4 steps against the oracle's choice"),
+         ("proxy_nvfp4", "none", "the whole two-stage loop against no selection"),
+         ("proxy_bf16cpu", "none", "the whole two-stage loop, real-kernel explorer, against no selection")]
 MECHANISM = ("rollout.half_gap", "rollout.group_std", "train.advantage_abs_mean", "train.grad_norm", "train.drift_old",
              "proxy_kendall_tau")
 
@@ -146,6 +164,8 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     sets = [f"epochs={n_epochs}", "eval.every=1", "tensorboard=false", f"rollout.kept={kept}"]
     sets += reward_settings(reward)
     name = f"selection-{reward_tag(reward)}" if reward and reward != "shapes" else "selection"
+    if not small and any(a in REAL_KERNEL_ARMS for a in chosen):  # a timed study: its own files
+        name += "-timed"
     if not small and sizes != (16,):  # another pool study than the default gets its own files beside the default's
         name += "-n" + "-".join(map(str, sizes))
     if small:
@@ -254,6 +274,12 @@ def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
     if pilot and pilot["sd"] is not None:
         out["power"] = {"sd_oracle_minus_none": pilot["sd"], "seeds_run": len(pilot["diffs"]),
                         "seeds_for_half_0.01": seeds_for(pilot["sd"]) if pilot["sd"] > 0 else 2}
+    out["timed"] = timed(arms)
+    for arm in arms.values():
+        runs = [r for r in arm["runs"] if "seconds" in r]
+        if runs:
+            arm["seconds_per_epoch"] = {k: round(float(np.mean([r["seconds"][k] for r in runs])) / last, 2)
+                                        for k in runs[0]["seconds"]}
     if "none" in arms:
         target = arms["none"]["reward_by_epoch"][-1]
         for k in priced:
@@ -264,6 +290,88 @@ def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
             arm["cost_to_none_final"] = round(float(costs[hit]), 1) if hit is not None else None
             arm["epochs_to_none_final"] = arm["epochs"][hit] if hit is not None else None
     return out
+
+
+def ratio(num: list[float], den: list[float]) -> dict[str, Any]:
+    """The paired ratios num / den over seeds: their geometric mean and its 95% interval (a Student-t interval on the
+    log ratios, taken back), and the ratios."""
+    logs = [math.log(a / b) for a, b in zip(num, den)]
+    mean, half = interval(logs)
+    out = {"mean": round(math.exp(mean), 4), "ratios": [round(math.exp(x), 4) for x in logs]}
+    if not math.isnan(half):
+        out["ci95"] = [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)]
+    return out
+
+
+def reach_time(points: list[dict[str, Any]], target: float, key: str) -> float | None:
+    """The measured seconds (`key`: wall_s or cpu_s) at which a reward curve first reaches `target`, interpolated
+    linearly between evaluated epochs; None if it never does."""
+    for p0, p1 in zip(points, points[1:]):
+        if p1["reward"] >= target:
+            if p0["reward"] >= target:
+                return p0[key]
+            return p0[key] + (target - p0["reward"]) / (p1["reward"] - p0["reward"]) * (p1[key] - p0[key])
+    return None
+
+
+def reach_share(ra: list[dict[str, Any]], rb: list[dict[str, Any]], key: str, resamples: int = 2000,
+                seed: int = 0) -> dict[str, Any]:
+    """How long arm a's mean curve (reward and seconds averaged over its runs, epoch by epoch) takes to reach arm b's
+    final mean reward, as a share of b's mean seconds to its final epoch; a 95% percentile interval from resampling
+    the paired seeds (a resample whose curve never reaches the target counts as beyond every share)."""
+    rew_a = np.array([[p["reward"] for p in r["points"]] for r in ra])
+    sec_a = np.array([[p[key] for p in r["points"]] for r in ra])
+    final_b = np.array([r["points"][-1]["reward"] for r in rb])
+    sec_b = np.array([r["points"][-1][key] for r in rb])
+
+    def share(idx: np.ndarray) -> float:
+        pts = [{"reward": w, key: t} for w, t in zip(rew_a[idx].mean(0), sec_a[idx].mean(0))]
+        t = reach_time(pts, float(final_b[idx].mean()), key)
+        return math.inf if t is None else t / float(sec_b[idx].mean())
+
+    point = share(np.arange(len(ra)))
+    rng = np.random.default_rng(seed)
+    boots = np.array([share(rng.integers(0, len(ra), len(ra))) for _ in range(resamples)]) if len(ra) > 1 else None
+    out: dict[str, Any] = {"share": None if math.isinf(point) else round(point, 4)}
+    if boots is not None:
+        lo, hi = np.percentile(boots, [2.5, 97.5], method="inverted_cdf")   # no interpolation: inf stays inf
+        out.update({"ci95": [None if math.isinf(lo) else round(float(lo), 4), None if math.isinf(hi) else round(float(hi), 4)],
+                    "unreached_resamples": round(float(np.mean(np.isinf(boots))), 4)})
+    return out
+
+
+def timed(arms: dict[str, Any]) -> dict[str, Any] | None:
+    """Measured seconds against the timed reference (naive scaling, `oracle`), per arm over the seeds both ran with
+    their seconds recorded (evaluation excluded): the rollout and end-to-end speed-ups (reference seconds / arm seconds,
+    paired ratios), the time the arm's mean curve takes to reach the reference's final mean reward as a share of the
+    reference's time, and the held-out reward at equal seconds (each run's curve read at the smaller of the two arms'
+    mean final times, paired). CPU seconds are this run's process time: with one thread a run, what it takes on an
+    idle core; wall seconds beside them."""
+    ref = arms.get(TIMED_REFERENCE)
+    timed_runs = {k: [r for r in a["runs"] if "seconds" in r and all("cpu_s" in p for p in r["points"])]
+                  for k, a in arms.items()}
+    if ref is None or not timed_runs[TIMED_REFERENCE]:
+        return None
+    out: dict[str, Any] = {"reference": TIMED_REFERENCE, "arms": {}}
+    for k in arms:
+        if k in (TIMED_REFERENCE, "random") or not timed_runs[k]:
+            continue
+        ra, rb = _common(timed_runs[k], timed_runs[TIMED_REFERENCE])
+        if not ra:
+            continue
+        row: dict[str, Any] = {"seeds": [r["seed"] for r in ra]}
+        for kind in ("cpu", "wall"):
+            for what in ("rollout", "epoch"):
+                row[f"speedup_{what}_{kind}"] = ratio([b["seconds"][f"{kind}_{what}"] for b in rb],
+                                                      [a["seconds"][f"{kind}_{what}"] for a in ra])
+            key = f"{kind}_s"
+            row[f"reach_{kind}"] = reach_share(ra, rb, key)
+            budget = min(np.mean([r["points"][-1][key] for r in ra]), np.mean([r["points"][-1][key] for r in rb]))
+            at = [[float(np.interp(budget, [p[key] for p in r["points"]], [p["reward"] for p in r["points"]]))
+                   for r in runs] for runs in (ra, rb)]
+            row[f"at_equal_{kind}"] = {"seconds": round(float(budget), 1), **paired(*at)}
+        out["arms"][k] = row
+    return out or None
 
 
 def _seeds(seeds: list[int]) -> str:
@@ -408,6 +516,7 @@ def markdown(r: dict[str, Any], name: str) -> str:
             lines += ["", f"At equal cost ({eq['cost_bf16_fwd']:.0f} BF16-forward equivalents, B200 bound; `random` "
                       "not priced): " + "; ".join(f"{k} {_val(v)}" for k, v in eq["reward"].items()) + ". Paired: "
                       + "; ".join(f"{x['a']} - {x['b']} {_ci(x)}" for x in eq["links"]) + "."]
+        lines += timed_lines(pool.get("timed"), arms, r["epochs"])
         if "power" in pool:
             p = pool["power"]
             need = p["seeds_for_half_0.01"]
@@ -423,3 +532,40 @@ def markdown(r: dict[str, Any], name: str) -> str:
                 cells.append(f"{np.mean(vals):.4g}" if vals else "-")
             lines.append(f"| {a} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _ratio(x: dict[str, Any]) -> str:
+    return f"{x['mean']:.2f}x" + (f" [{x['ci95'][0]:.2f}, {x['ci95'][1]:.2f}]" if x.get("ci95") else "")
+
+
+def _share(x: dict[str, Any]) -> str:
+    if x["share"] is None:
+        return "not reached"
+    lo, hi = (x.get("ci95") or [None, None])
+    ci = "" if "ci95" not in x else f" [{'-' if lo is None else f'{lo:.2f}'}, {'never' if hi is None else f'{hi:.2f}'}]"
+    return f"{x['share']:.2f}{ci}"
+
+
+def timed_lines(t: dict[str, Any] | None, arms: dict[str, Any], epochs: int) -> list[str]:
+    """The measured-seconds table against naive scaling (`timed`)."""
+    if not t or not t["arms"]:
+        return []
+    ref = arms[t["reference"]].get("seconds_per_epoch", {})
+    lines = ["", f"Measured seconds against naive scaling (`{t['reference']}`: the whole pool at full steps in high "
+             f"precision; {ref.get('cpu_epoch', float('nan')):.1f} CPU s an epoch, of which rollout "
+             f"{ref.get('cpu_rollout', float('nan')):.1f}), evaluation excluded. Speed-ups are naive scaling's seconds "
+             "over the arm's (geometric mean of the paired ratios, 95% interval); time to reach is the arm's mean curve "
+             f"reaching naive scaling's epoch-{epochs} mean reward, as a share of naive scaling's time (95% interval "
+             "from resampling the seeds); the reward at equal seconds is paired, arm minus naive scaling. CPU seconds: "
+             "each run's process time on one thread.", "",
+             "| arm (pairs) | CPU s / epoch | rollout speed-up CPU (wall) | end-to-end speed-up CPU (wall) | "
+             "time to reach, share CPU (wall) | reward at equal CPU s |", "|---|---|---|---|---|---|"]
+    for k, row in t["arms"].items():
+        sec = arms[k].get("seconds_per_epoch", {})
+        eq = row["at_equal_cpu"]
+        lines.append(f"| {k} ({len(row['seeds'])}) | {sec.get('cpu_epoch', float('nan')):.1f} | "
+                     f"{_ratio(row['speedup_rollout_cpu'])} ({_ratio(row['speedup_rollout_wall'])}) | "
+                     f"{_ratio(row['speedup_epoch_cpu'])} ({_ratio(row['speedup_epoch_wall'])}) | "
+                     f"{_share(row['reach_cpu'])} ({_share(row['reach_wall'])}) | "
+                     f"{_ci(eq)} at {eq['seconds']:.0f} s: {verdict({**eq, 'a': k, 'b': t['reference']})} |")
+    return lines

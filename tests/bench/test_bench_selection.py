@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from solrl.bench.selection import paired, seeds_for, verdict
+from solrl.bench.selection import paired, ratio, reach_share, reach_time, seeds_for, timed, timed_lines, verdict
 from solrl.cli.app import main
 
 
@@ -173,10 +173,11 @@ def test_every_arm_is_the_preset_with_its_choice_changed(capsys):
     cfgs = {a: apply_overrides(get_preset(PRESET), sets).validate() for a, (sets, _) in ARMS.items()}
     assert {a: c.rollout.mode for a, c in cfgs.items()} == {
         "none": "diffusion_nft", "random": "naive_scaling", "oracle": "naive_scaling", "proxy_bf16": "sol_rl",
-        "proxy_nvfp4": "sol_rl", "proxy_fp8": "sol_rl"}
+        "proxy_nvfp4": "sol_rl", "proxy_fp8": "sol_rl", "proxy_bf16cpu": "sol_rl", "proxy_bf16cpu4": "sol_rl"}
     explorers = {a: (c.rollout.explore_precision.backend, c.rollout.explore_steps) for a, c in cfgs.items()
                  if c.rollout.mode == "sol_rl"}
-    assert explorers == {"proxy_bf16": ("bf16", 6), "proxy_nvfp4": ("nvfp4-emu", 6), "proxy_fp8": ("fp8-e4m3-emu", 4)}
+    assert explorers == {"proxy_bf16": ("bf16", 6), "proxy_nvfp4": ("nvfp4-emu", 6), "proxy_fp8": ("fp8-e4m3-emu", 4),
+                         "proxy_bf16cpu": ("bf16-cpu", 6), "proxy_bf16cpu4": ("bf16-cpu", 4)}
     # nothing else differs: the trainer, the pool, the regeneration and the evaluation are the preset's
     base = get_preset(PRESET)
     for c in cfgs.values():
@@ -190,3 +191,46 @@ def test_every_arm_is_the_preset_with_its_choice_changed(capsys):
         main(["bench", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert all(a in help_text for a in ARMS)
+
+
+def _timed_run(seed: int, rewards: list[float], cpu_per_epoch: float, rollout_share: float) -> dict:
+    """A run record as `one_run` writes it: held-out reward per evaluated epoch (0..E) and measured seconds."""
+    points = [{"epoch": e, "reward": w, "cpu_s": e * cpu_per_epoch, "wall_s": e * cpu_per_epoch * 1.1}
+              for e, w in enumerate(rewards)]
+    total = cpu_per_epoch * (len(rewards) - 1)
+    return {"seed": seed, "points": points, "seconds": {"cpu_epoch": total, "wall_epoch": 1.1 * total,
+                                                        "cpu_rollout": rollout_share * total,
+                                                        "wall_rollout": 1.1 * rollout_share * total}}
+
+
+def test_timed_speedups_time_to_reach_and_equal_seconds():
+    pts = [{"reward": 0.0, "cpu_s": 0.0}, {"reward": 0.4, "cpu_s": 10.0}, {"reward": 0.8, "cpu_s": 20.0}]
+    assert reach_time(pts, 0.6, "cpu_s") == pytest.approx(15.0)
+    assert reach_time(pts, 0.0, "cpu_s") == 0.0 and reach_time(pts, 0.9, "cpu_s") is None
+    r = ratio([2.0, 4.0, 8.0], [1.0, 2.0, 4.0])
+    assert r["mean"] == pytest.approx(2.0) and r["ci95"] == pytest.approx([2.0, 2.0])
+    # naive scaling: 10 CPU s an epoch; the proxy learns as fast per epoch but takes 6.5 s an epoch (its rollout
+    # half the time): it reaches naive's final reward in 0.65 of naive's time, and is ahead at equal seconds
+    curve = [0.50, 0.55, 0.60, 0.65, 0.70]
+    oracle = [_timed_run(s, [w + 0.01 * s for w in curve], 10.0, 0.7) for s in range(4)]
+    proxy = [_timed_run(s, [w + 0.01 * s + 0.001 * (1 + s % 3) for w in curve], 6.5, 0.7 * 0.5) for s in range(4)]
+    arms = {"oracle": {"runs": oracle}, "proxy_bf16cpu": {"runs": proxy}, "none": {"runs": [dict(r) for r in oracle]}}
+    arms["none"]["runs"] = [{k: v for k, v in r.items() if k != "seconds"} for r in oracle]  # untimed: left out
+    t = timed(arms)
+    assert list(t["arms"]) == ["proxy_bf16cpu"]
+    row = t["arms"]["proxy_bf16cpu"]
+    assert row["speedup_epoch_cpu"]["mean"] == pytest.approx(10 / 6.5, rel=1e-3)
+    assert row["speedup_rollout_cpu"]["mean"] == pytest.approx(7 / (0.35 * 6.5), rel=1e-3)
+    assert row["reach_cpu"]["share"] == pytest.approx(0.65, abs=0.01)
+    lo, hi = row["reach_cpu"]["ci95"]
+    assert 0.6 < lo <= row["reach_cpu"]["share"] <= hi < 0.66 and row["reach_cpu"]["unreached_resamples"] == 0
+    assert row["at_equal_cpu"]["seconds"] == pytest.approx(26.0) and row["at_equal_cpu"]["mean"] > 0.03
+    assert reach_share(proxy[:1], oracle[:1], "cpu_s") == {"share": pytest.approx(0.65, abs=0.01)}
+    # a proxy that never gets there
+    slow = [_timed_run(s, [0.5] * 5, 6.5, 0.35) for s in range(4)]
+    t2 = timed({"oracle": {"runs": oracle}, "proxy_bf16cpu": {"runs": slow}})["arms"]["proxy_bf16cpu"]
+    assert t2["reach_cpu"]["share"] is None and t2["reach_cpu"]["unreached_resamples"] == 1.0
+    md = "\n".join(timed_lines(t, {"oracle": {"seconds_per_epoch": {"cpu_epoch": 10.0, "cpu_rollout": 7.0}},
+                                   "proxy_bf16cpu": {"seconds_per_epoch": {"cpu_epoch": 6.5}}}, 4))
+    assert "| proxy_bf16cpu (4) | 6.5 | 3.08x" in md and "0.64 [" in md and "proxy_bf16cpu is higher" in md
+    assert timed({"proxy_bf16cpu": {"runs": proxy}}) is None   # no naive scaling arm: nothing to time against
