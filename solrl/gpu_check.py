@@ -738,7 +738,8 @@ def reload_section(setup: Setup, budget: Budget, share_s: float, models: tuple[s
             precision = explore_precision(name, backend, setup.tiny)
             try:   # the services' served model, by its entry point (solrl/plugins.py): the core does not import them
                 HotSwapModel = plugins.load("hot-swap-model")
-            except ImportError as err:   # the services' dependencies are not installed: the same merge + requantize
+            except Exception as err:   # the services' dependencies are not installed (or their stubs refuse the
+                # installed grpcio): the same merge + requantize
                 HotSwapModel, via = None, f"backend.requantize of merge_lora ({error_text(err)})"
             else:
                 via = "services.rollout.hot_swap.HotSwapModel.load"
@@ -901,7 +902,7 @@ def gemm_shapes(name: str, micro_batch: int) -> list[tuple[int, int, int]]:
     from solrl.deploy.flops import denoiser_forward
 
     f = denoiser_forward(name)
-    m = micro_batch * f.tokens
+    m = -(-micro_batch * f.tokens // 16) * 16   # rounded up to a multiple of 16 (torch._scaled_mm's rule)
     return [(m, f.width, f.width), (m, f.width, 4 * f.width), (m, 4 * f.width, f.width)]
 
 
@@ -919,22 +920,34 @@ def cuda_time(fn: Callable[[], Any], warmup: int = 3, repeats: int = 10) -> floa
     return start.elapsed_time(end) / repeats
 
 
-def gemm_one(m: int, k: int, n: int) -> dict[str, Any]:
+def wall_time(fn: Callable[[], Any], warmup: int = 1, repeats: int = 2) -> float:
+    """Mean milliseconds of `fn` by the wall clock (the CPU test of gemm_one's code path)."""
+    for _ in range(warmup):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - t0) * 1000.0 / repeats
+
+
+def gemm_one(m: int, k: int, n: int, device: torch.device | None = None,
+             timer: Callable[[Callable[[], Any]], float] = cuda_time) -> dict[str, Any]:
     """One shape: BF16 matmul, torch._scaled_mm (E4M3, per-tensor scales, BF16 out) with fast accumulation off and
-    on, and the torchao explorer's whole Linear (its per-call input copy to FP32, activation scale and FP32 output
-    cast around the same GEMM), each timed with CUDA events; TFLOP/s and the explorer's overhead over the bare GEMM."""
-    dev = torch.device("cuda")
+    on, and the torchao explorer's whole Linear (its per-call input copy to FP32, activation scale, FP32 output and
+    bias, and cast back, around the same GEMM), each timed with CUDA events (`timer`); TFLOP/s, and the explorer's
+    overhead over the bare GEMM (fast accumulation off, as the explorer runs it)."""
+    dev = device or torch.device("cuda")
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
     flop = 2.0 * m * k * n
     out: dict[str, Any] = {"m": m, "k": k, "n": n}
-    out["bf16_ms"] = cuda_time(lambda: x @ w.T)
+    out["bf16_ms"] = timer(lambda: x @ w.T)
     xq, wq = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
     one = torch.ones((), device=dev, dtype=torch.float32)
     for fast in (False, True):
         key = f"scaled_mm_fast_accum_{'on' if fast else 'off'}_ms"
         try:
-            out[key] = cuda_time(lambda fast=fast: torch._scaled_mm(xq, wq.T, scale_a=one, scale_b=one,
+            out[key] = timer(lambda fast=fast: torch._scaled_mm(xq, wq.T, scale_a=one, scale_b=one,
                                                                     out_dtype=torch.bfloat16, use_fast_accum=fast))
         except Exception as err:
             out[key] = None
@@ -946,13 +959,13 @@ def gemm_one(m: int, k: int, n: int) -> dict[str, Any]:
         backend = build_backend(PrecisionConfig("fp8-torchao"))
         backend.prepare(layer)
         with torch.no_grad():
-            out["torchao_linear_ms"] = cuda_time(lambda: layer(x))
+            out["torchao_linear_ms"] = timer(lambda: layer(x))
         bare = out.get("scaled_mm_fast_accum_off_ms")
         if bare:
             out["torchao_overhead_ms"] = out["torchao_linear_ms"] - bare
     except Exception as err:
         out["torchao_linear_ms"], out["torchao_error"] = None, error_text(err)
-    for key in [k for k in out if k.endswith("_ms") and isinstance(out[k], float) and "overhead" not in k]:
+    for key in [x for x in out if x.endswith("_ms") and isinstance(out[x], float) and "overhead" not in x]:
         out[key.replace("_ms", "_tflops")] = flop / (out[key] * 1e-3) / 1e12
     return out
 

@@ -280,3 +280,16 @@ def test_without_torchao_and_peft_the_bf16_rows_and_the_environment_still_run(tm
     emu = [x for x in runs if x["backend"] == "fp8-e4m3-emu"]
     assert emu and all("torchao" in x["error"] for x in emu) and "error" not in res["explore"]
     assert "peft" in res["reload"]["error"]   # the LoRA needs peft: the section's error says so
+
+
+def test_the_gemm_microbenchmark_code_path_on_the_cpu():
+    """gemm_one's calls (BF16 matmul, torch._scaled_mm with fast accumulation off and on, the torchao Linear) with a
+    wall-clock timer on small shapes: on the CPU the torchao backend refuses (it needs CUDA), which is recorded."""
+    import torch
+
+    r = gpu_check.gemm_one(32, 64, 48, device=torch.device("cpu"), timer=gpu_check.wall_time)
+    assert finite_positive(r["bf16_tflops"])
+    if r["scaled_mm_fast_accum_off_ms"] is not None:   # torch's CPU _scaled_mm (2.13 has one)
+        assert finite_positive(r["scaled_mm_fast_accum_on_tflops"])
+    assert r["torchao_linear_ms"] is None and "CUDA" in r["torchao_error"]
+    assert gpu_check.gemm_shapes("sd3.5-large", 24)[0][0] % 16 == 0
