@@ -1063,11 +1063,12 @@ def services_section(setup: Setup, budget: Budget, share_s: float, work: Path) -
     """One epoch of the shapes preset through `solrl up` with model.device set to this device."""
     import uuid
 
-    from solrl.shapes.model import ShapesModel
-
     missing = services_missing()
     if missing:
         return {"skipped": "the services' dependencies: " + "; ".join(missing)}
+    # diffusers: imported only once the check passed
+    from solrl.shapes.model import ShapesModel
+
     timeout = max(SERVICES_MIN_S, min(share_s, budget.left()))
     device = "cuda" if setup.device.type == "cuda" else "cpu"
     with contextlib.ExitStack() as stack:
