@@ -475,7 +475,7 @@ def uses_transformer_engine(backend: Any) -> bool:
 # holds an FP8 (FP4) token: cuBLAS / CUTLASS names spell the input types (`e4m3`, `e5m2`, `f8`, `e2m1`); an
 # Inductor-generated Triton GEMM names its template (`triton_tem_fused_mm`, `_scaled_mm`). Not yet read off a GPU.
 GEMM_TOKENS = ("gemm", "xmma", "cutlass", "nvjet", "_mm", "matmul", "scaled_mm", "wgmma", "sgemm", "hgemm")
-FP8_TOKENS = ("e4m3", "e5m2", "fp8", "f8f8", "float8", "scaled_mm", "_f8_", "qqtst")
+FP8_TOKENS = ("e4m3", "e5m2", "fp8", "f8f8", "float8", "scaled_mm", "_f8_")
 FP4_TOKENS = ("e2m1", "fp4", "nvf4", "mxf4", "block_scaled")
 
 
@@ -493,9 +493,10 @@ def kernel_class(name: str) -> str | None:
 
 def profile_gemms(call: Callable[[], Any], fmt: str) -> dict[str, Any]:
     """One forward under torch.profiler: the GEMM kernels that ran (CUDA kernel names on a GPU; the CPU's aten
-    matmul ops on the CPU) and the aten ops that call them. On a GPU the row is `valid` only when a GEMM kernel of
-    its format (`fmt`: fp8 / fp4) ran; on the CPU no kernel of the format exists (an emulation stands in) and
-    `valid` is None."""
+    matmul ops on the CPU) and the aten ops that call them. On a GPU the row is `valid` when a GEMM kernel whose name
+    shows its format (`fmt`: fp8 / fp4) ran, invalid when none did and no `aten::_scaled_mm` was called either, and
+    undecided (None, saying why) when `aten::_scaled_mm` ran under kernel names the rules do not read as FP8; on the
+    CPU no kernel of the format exists (an emulation stands in) and `valid` is None."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda() else [])
@@ -511,12 +512,21 @@ def profile_gemms(call: Callable[[], Any], fmt: str) -> dict[str, Any]:
         elif evt.name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::_scaled_mm", "aten::linear",
                           "aten::matmul", "aten::baddbmm"):
             ops[evt.name] = ops.get(evt.name, 0) + 1
+    return gemm_verdict(kernels, ops, fmt, on_gpu=cuda())
+
+
+def gemm_verdict(kernels: dict[str, int], ops: dict[str, int], fmt: str, on_gpu: bool) -> dict[str, Any]:
+    """profile_gemms' record and verdict from the kernel names (name -> calls) and aten op counts of one forward."""
     gemms = {k: {"calls": v, "class": kernel_class(k)} for k, v in kernels.items() if kernel_class(k)}
     out: dict[str, Any] = {"gemm_kernels": gemms, "aten_ops": ops,
                            "format_kernels": sum(v["calls"] for v in gemms.values() if v["class"] == fmt)}
-    if cuda():
+    if on_gpu:
         out["valid"] = out["format_kernels"] > 0
-        if not out["valid"]:
+        if not out["valid"] and ops.get("aten::_scaled_mm") and fmt == "fp8":
+            out["valid"] = None
+            out["why_invalid"] = ("aten::_scaled_mm ran, but no kernel name shows FP8 to the rules (FP8_TOKENS): "
+                                  "read gemm_kernels")
+        elif not out["valid"]:
             out["why_invalid"] = f"no {fmt.upper()} GEMM kernel ran in one profiled forward"
     else:
         out["valid"], out["why_invalid"] = None, "CPU: an emulation stands in; no kernel of the format exists here"

@@ -293,3 +293,16 @@ def test_the_gemm_microbenchmark_code_path_on_the_cpu():
         assert finite_positive(r["scaled_mm_fast_accum_on_tflops"])
     assert r["torchao_linear_ms"] is None and "CUDA" in r["torchao_error"]
     assert gpu_check.gemm_shapes("sd3.5-large", 24)[0][0] % 16 == 0
+
+
+def test_a_low_precision_row_is_invalid_on_a_gpu_when_no_kernel_of_its_format_ran():
+    v = gpu_check.gemm_verdict
+    fp8 = {"sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x64": 40, "triton_poi_fused_mul_0": 40}
+    bf16 = {"nvjet_tst_128x256_64x4_1x2_h_bz_coopB_NNT": 40}
+    ok = v(fp8, {"aten::_scaled_mm": 40}, "fp8", on_gpu=True)
+    assert ok["valid"] is True and ok["format_kernels"] == 40 and list(ok["gemm_kernels"]) == [next(iter(fp8))]
+    bad = v(bf16, {"aten::mm": 40}, "fp8", on_gpu=True)   # an FP8 row whose GEMMs all ran in BF16
+    assert bad["valid"] is False and "no FP8 GEMM kernel" in bad["why_invalid"]
+    unread = v(bf16, {"aten::_scaled_mm": 40}, "fp8", on_gpu=True)   # the FP8 op, under a name the rules miss
+    assert unread["valid"] is None and "aten::_scaled_mm" in unread["why_invalid"]
+    assert v(fp8, {}, "fp8", on_gpu=False)["valid"] is None
