@@ -306,3 +306,15 @@ def test_a_low_precision_row_is_invalid_on_a_gpu_when_no_kernel_of_its_format_ra
     unread = v(bf16, {"aten::_scaled_mm": 40}, "fp8", on_gpu=True)   # the FP8 op, under a name the rules miss
     assert unread["valid"] is None and "aten::_scaled_mm" in unread["why_invalid"]
     assert v(fp8, {}, "fp8", on_gpu=False)["valid"] is None
+
+
+def test_the_services_skip_before_importing_diffusers(tmp_path, monkeypatch):
+    """The check comes first: a machine without the services' packages never imports the shapes model."""
+    import torch
+
+    setup = gpu_check.Setup(tiny=True, device=torch.device("cpu"), dtype=torch.float32, micro_batch=1, repeats=1,
+                            compile_backend="eager")
+    monkeypatch.setitem(sys.modules, "solrl.shapes.model", None)   # importing it would raise ImportError
+    monkeypatch.setitem(gpu_check.SERVICES_IMPORTS, "solrl_no_such_module", "no-such-dist")
+    r = gpu_check.services_section(setup, gpu_check.Budget(60), 60, tmp_path)
+    assert "no-such-dist" in r["skipped"]

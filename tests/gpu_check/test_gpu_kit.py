@@ -50,3 +50,17 @@ def test_the_downloaded_kit_fits_and_installs_from_its_manifest(tmp_path):
     (bad / gpu_kit.MANIFEST).write_text(json.dumps(m))
     with pytest.raises(SystemExit, match="sha256"):
         gpu_kit.install(bad, tmp_path / "site2", python=sys.executable)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
+def test_make_passes_the_budget_and_runs_the_kit_with_the_images_python():
+    import subprocess
+
+    def dry(*args: str) -> str:
+        return subprocess.run(["make", "-n", *args], cwd=gpu_kit.ROOT, capture_output=True, text=True,
+                              check=True).stdout
+
+    assert "-m solrl.gpu_check --out runs/gpu-check --budget-s 123" in dry("gpu-check", "BUDGET=123")
+    assert "--budget-s 400" in dry("gpu-check")   # the default
+    assert ("python3 -m solrl.gpu_kit check --kit runs/gpu-kit -- --out runs/gpu-check --budget-s 400"
+            in dry("gpu-check-kit"))
