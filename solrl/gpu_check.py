@@ -1358,7 +1358,11 @@ def run(out: Path, *, dry_run: bool, budget_s: float, micro_batch: int | None = 
     def share(key: str) -> float:
         return SHARES[key] * budget_s
 
-    rest = sum(SHARES[s] for s in SECTIONS if s in sections and s in SHARES and s != "gemm") * budget_s
+    # what the sections after explore keep of the budget (the services' share only where they can run)
+    later = [s for s in ("reload", "update", "services") if s in sections]
+    if "services" in later and services_missing():
+        later.remove("services")
+    rest = sum(SHARES[s] for s in later) * budget_s
     plan: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[], float]]] = {
         "preflight": (lambda r: preflight(device, echo), lambda: FIXED_S["preflight"]),
         "environment": (lambda r: environment(device), lambda: FIXED_S["environment"]),
