@@ -318,3 +318,26 @@ def test_the_services_skip_before_importing_diffusers(tmp_path, monkeypatch):
     monkeypatch.setitem(gpu_check.SERVICES_IMPORTS, "solrl_no_such_module", "no-such-dist")
     r = gpu_check.services_section(setup, gpu_check.Budget(60), 60, tmp_path)
     assert "no-such-dist" in r["skipped"]
+
+
+def test_the_compiled_fp8_row_follows_its_bf16_row_past_the_models_share(monkeypatch):
+    """A compiled BF16 row that spends its model's share still gets its FP8 partner (up to the section's end); the
+    model's other rows are skipped, and later models get what is left."""
+    import time
+
+    import torch
+
+    def fake(name, entry, compiled, setup, compile_backend=None):
+        time.sleep(1.0 if compiled else 0.0)
+        return {"backend": entry["backend"], "stands_in_for": entry["stands_in_for"], "compiled": compiled,
+                "forward_s": 1.0, "quantized_layers": 1}
+
+    monkeypatch.setattr(gpu_check, "explore_one", fake)
+    setup = gpu_check.Setup(tiny=True, device=torch.device("cpu"), dtype=torch.float32, micro_batch=1, repeats=1,
+                            compile_backend="eager")
+    r = gpu_check.explore_section(setup, gpu_check.Budget(60), 5.0, gpu_check.MODELS)
+    first = {(x["backend"], x["compiled"]): x for x in r["models"]["sd3.5-large"]["runs"]}
+    assert "forward_s" in first[("bf16", True)] and "forward_s" in first[("fp8-e4m3-emu", True)]
+    assert first[("nvfp4-emu", True)]["skipped"] == "section time spent"
+    last = [x for x in r["models"]["sana1.5-1.6b"]["runs"] if x["compiled"]]
+    assert all(x.get("skipped") for x in last)
