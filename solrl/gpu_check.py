@@ -1,30 +1,38 @@
 """`make gpu-check` (`python -m solrl.gpu_check --out DIR`): what one GPU host does with the real denoisers.
 
-One script, no network, about 8 minutes on one H100 / H200 (`--budget-s`), writing OUT/gpu_check.json and
-OUT/gpu_check.md. Sections, each under its own time budget and its own try/except (an error is recorded in the
-json and the next section runs; the files are rewritten after every section, so a run cut short keeps what it
-measured):
+One script, no network, within `--budget-s` seconds (`make gpu-check BUDGET=...`, default 400) on one H100 / H200,
+writing OUT/gpu_check.json and OUT/gpu_check.md. Sections, each under its share of the budget, a hard limit (SIGALRM
+at its share plus HARD_EXTRA_S; past that, stuck in C, faulthandler dumps the stacks and ends the process) and its
+own try/except (an error is recorded in the json and the next section runs); both files are rewritten atomically
+after every row of every section, so a run cut short keeps what it measured. The sections need only torch (and
+diffusers to build a denoiser): a backend, LoRA or service whose package is missing is recorded where it is used.
 
+- preflight: versions, the GPU, which optional imports fail, whether torch.compile (Inductor) and a Triton kernel
+  run; printed line by line;
 - environment: torch, CUDA, cuDNN, Transformer Engine and torchao (where installed), the GPU and its compute
-  capability, the scaled-dot-product-attention backends that run a BF16 call, the precision backends runnable here;
+  capability, the scaled-dot-product-attention backends that run a BF16 call, the precision backends runnable here
+  and those whose module could not be imported (with its ImportError);
+- gemm: BF16 matmul against torch._scaled_mm (E4M3, fast accumulation off and on) and the torchao explorer's Linear
+  at each model's Linear shapes, timed with CUDA events (GPU only);
 - explore: SD3.5-Large, FLUX.1-dev and SANA-1.5 1.6B denoisers built from their configs
   (solrl.models.architectures) with random weights directly on the GPU; one forward at the presets' explore
-  micro-batch and resolution in BF16 and in each low-precision backend that runs here (FP8: Transformer Engine and
-  any other registered runnable FP8 backend, found through the registry; NVFP4 on sm_100), eager and
-  torch.compile'd, with the presets' layer policy (the model's skip list and size threshold): time and peak memory,
-  the measured speed-up over BF16 beside `solrl plan`'s estimate and the bound (every Linear in the format);
+  micro-batch and resolution in BF16 and in each low-precision backend that runs here (found through the registry),
+  eager and with the repeated blocks compiled (no compiled Transformer Engine row), with the presets' layer policy:
+  time and peak memory, the GEMM kernels of one profiled forward per low-precision row (invalid on a GPU when none of
+  its format ran), the measured speed-up over BF16 beside `solrl plan`'s estimate and the bound;
 - reload: a preset-size LoRA (rank 32 on the family's targets) pushed into the explorer's served copy
-  (services' HotSwapModel: merge and re-quantize in place), as a share of one explore call;
-- update: one LoRA update (forward, backward, AdamW step) on 1 and 2 rows, with and without gradient checkpointing:
-  peak memory and memory per row, beside the planner's activation model;
+  (services' HotSwapModel, else the same merge and the backend's re-quantization), as a share of one explore call;
+- update: after one untimed warm-up, one LoRA update (forward, backward, AdamW step) on 1 and 2 rows, with and
+  without gradient checkpointing: peak memory and memory per row, beside the planner's activation model;
 - services: one epoch of the shapes preset through `solrl up` (reward, explorer, regenerator, trainer as processes)
-  with model.device set to this device (needs a Redis: SOLRL_REDIS_URL, a `redis-server` on PATH, or one at
-  127.0.0.1:6379).
+  with model.device set to this device; skipped at once, naming what is missing, without the services' packages,
+  matching generated stubs or a Redis (SOLRL_REDIS_URL, a `redis-server` on PATH, or one at 127.0.0.1:6379).
 
 `--dry-run` runs the same code on the CPU with tiny configs of the same diffusers classes (a few layers, width 64),
 one repeat, the emulated backends (`fp8-e4m3-emu`, `nvfp4-emu`) standing in for the kernels and torch.compile with
-its "eager" backend (tracing only); the json names the backend that ran and what it stands in for.
-tests/gpu_check/test_gpu_check.py runs it inside `make test-slow` (and CI), so the GPU path cannot rot.
+its "eager" backend (tracing only), plus one BF16 row compiled with Inductor where a C++ compiler is found; the json
+names the backend that ran and what it stands in for. tests/gpu_check/test_gpu_check.py runs it inside
+`make test-slow` (and CI), so the GPU path cannot rot. solrl/gpu_kit.py carries the packages the lent GPU image lacks.
 """
 
 from __future__ import annotations
