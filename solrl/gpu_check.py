@@ -46,6 +46,7 @@ import gc
 import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 import re
 import shutil
@@ -279,16 +280,32 @@ def preflight(device: torch.device, echo: Callable[[str], None] = print) -> dict
         out["gpu"] = None
     echo(f"preflight: gpu {out['gpu']}")
     out["imports"] = {}
-    for mod in ("diffusers", "torchao", "peft.functional", "transformer_engine", "redis", "grpc"):
-        if importlib.util.find_spec(mod.split(".")[0]) is None:
-            out["imports"][mod] = "not installed"
-            continue
-        try:
-            importlib.import_module(mod)
-            out["imports"][mod] = "ok"
-        except Exception as err:   # installed but broken (built for another torch, too old)
-            out["imports"][mod] = error_text(err)
+    # torchao logs (solrl/__init__.py quiets it) each compiled extension it cannot load, as with a torchao built
+    # for another torch: caught here
+    caught: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: caught.append(record.getMessage()[:300])   # type: ignore[method-assign]
+    torchao_log = logging.getLogger("torchao")
+    level = torchao_log.level
+    torchao_log.addHandler(handler)
+    torchao_log.setLevel(logging.WARNING)
+    try:
+        for mod in ("diffusers", "torchao", "peft.functional", "transformer_engine", "redis", "grpc"):
+            if importlib.util.find_spec(mod.split(".")[0]) is None:
+                out["imports"][mod] = "not installed"
+                continue
+            try:
+                importlib.import_module(mod)
+                out["imports"][mod] = "ok"
+            except Exception as err:   # installed but broken (built for another torch, too old)
+                out["imports"][mod] = error_text(err)
+    finally:
+        torchao_log.removeHandler(handler)
+        torchao_log.setLevel(level)
+    out["torchao_load_warnings"] = caught
     echo("preflight: imports " + ", ".join(f"{k}: {v}" for k, v in out["imports"].items()))
+    if caught:
+        echo(f"preflight: torchao could not load: {caught}")
     out["torch_compile"] = try_compile(device)
     echo(f"preflight: torch.compile (inductor) {out['torch_compile']}")
     out["triton"] = try_triton()
@@ -1184,7 +1201,8 @@ def markdown(res: dict[str, Any]) -> str:
     pf = res.get("preflight", {})
     if pf and "error" not in pf:
         lines += [f"Preflight: {', '.join(f'{d} {v}' for d, v in pf.get('versions', {}).items() if v)}; imports "
-                  f"{', '.join(f'{k}: {v}' for k, v in pf.get('imports', {}).items())}; torch.compile (inductor) "
+                  f"{', '.join(f'{k}: {v}' for k, v in pf.get('imports', {}).items())}; torchao's extensions not "
+                  f"loaded: {len(pf.get('torchao_load_warnings') or [])}; torch.compile (inductor) "
                   f"{(pf.get('torch_compile') or {}).get('works')}; triton {(pf.get('triton') or {}).get('works')}", ""]
     for key in SECTIONS:
         if isinstance(res.get(key), dict) and res[key].get("stopped"):

@@ -48,6 +48,7 @@ def test_dry_run_writes_every_section_with_finite_numbers(dry_run):
     pre = res["preflight"]
     assert pre["versions"]["torch"] == res["environment"]["torch"] and pre["triton"]["works"] is None
     assert pre["imports"]["diffusers"] == "ok" and "preflight: torch.compile (inductor)" in stdout
+    assert isinstance(pre["torchao_load_warnings"], list)   # torchao's extensions it could not load, if any
     if gpu_check.c_compiler():   # Inductor's CPU code compiled: in the preflight and on the first model's BF16 row
         assert pre["torch_compile"]["works"] is True
         (row,) = [x for x in res["explore"]["models"]["sd3.5-large"]["runs"] if x.get("rehearsal")]
