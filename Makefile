@@ -76,10 +76,11 @@ KIT    ?= runs/gpu-kit
 gpu-check:
 	$(GPU_PY) -m solrl.gpu_check --out $(OUT) --budget-s $(BUDGET) $(if $(DRY_RUN),--dry-run)
 
-# Here, with network: the wheels the lent GPU image lacks (solrl/gpu_kit.py; envs/gpu-image-packages.txt lists what
-# it has) into $(KIT), checked to fit a run's 64 MiB with the repository, and its manifest.json.
-gpu-kit: $(STAMP)
-	$(BIN)/python -m solrl.gpu_kit download --dest $(KIT)
+# Here, with network (pip and packaging; no venv needed): the wheels the lent GPU image lacks (solrl/gpu_kit.py;
+# envs/gpu-image-packages.txt lists what it has) into $(KIT), checked to fit a run's 64 MiB with the repository, and
+# its manifest.json.
+gpu-kit:
+	$(GPU_PY) -m solrl.gpu_kit download --dest $(KIT)
 
 # There (the image's python3, $(KIT) carried): install the kit, then `make gpu-check`'s run.
 gpu-check-kit:

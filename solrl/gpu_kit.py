@@ -161,6 +161,20 @@ def _req_name(req: str) -> str:
     return norm(re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0])
 
 
+def unmet(reqs: list[str], have: dict[str, str | None]) -> list[str]:
+    """The requirements whose distribution `have` lists at a documented version outside the requirement's range
+    (a requirement with an environment marker is skipped)."""
+    from packaging.requirements import Requirement
+
+    out = []
+    for text in reqs:
+        req = Requirement(text)
+        got = have.get(norm(req.name))
+        if req.marker is None and got and req.specifier and not req.specifier.contains(got, prereleases=True):
+            out.append(f"{text} (the image has {got})")
+    return out
+
+
 def repo_bytes() -> int:
     """Bytes of the repository's tracked files (what a run carries besides the kit)."""
     out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
@@ -182,8 +196,10 @@ def download(dest: Path, python: str = sys.executable) -> dict:
         wheels.append({"name": w.name, "version": w.version, "file": path.name, "bytes": path.stat().st_size,
                        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "why": w.why,
                        "only_if_broken": w.only_if_broken, "requires": reqs,
+                       # diffusers names importlib_metadata but imports it only on Python < 3.8
                        "requires_missing": [r for r in reqs if _req_name(r) not in image and _req_name(r) not in kit
-                                            and _req_name(r) != "importlib-metadata"]})
+                                            and _req_name(r) != "importlib-metadata"],
+                       "requires_unmet": unmet(reqs, image)})
     total, repo = sum(w["bytes"] for w in wheels), repo_bytes()
     manifest = {"wheels": wheels, "total_bytes": total, "repo_tracked_bytes": repo, "limit_bytes": LIMIT_BYTES,
                 "fits": total + repo <= LIMIT_BYTES, "platform": list(PLATFORM),
@@ -231,11 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         m = download(kit)
         for w in m["wheels"]:
             print(f"{w['file']}  {w['bytes'] / 2**20:.2f} MiB  {w['sha256'][:12]}  missing requirements: "
-                  f"{w['requires_missing'] or 'none'}")
+                  f"{w['requires_missing'] or 'none'}; outside the image's versions: {w['requires_unmet'] or 'none'}")
         print(f"gpu-kit: {m['total_bytes'] / 2**20:.2f} MiB of wheels + {m['repo_tracked_bytes'] / 2**20:.2f} MiB of "
               f"tracked files; {'fits' if m['fits'] else 'DOES NOT FIT'} in {LIMIT_BYTES / 2**20:.0f} MiB; "
               f"{kit / MANIFEST}")
-        return 0 if m["fits"] else 1
+        return 0 if m["fits"] and not any(w["requires_missing"] or w["requires_unmet"] for w in m["wheels"]) else 1
     else:
         for line in install(kit, Path(a.target)):
             print(f"gpu-kit: {line}", flush=True)

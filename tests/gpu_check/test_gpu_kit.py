@@ -39,7 +39,7 @@ def test_the_downloaded_kit_fits_and_installs_from_its_manifest(tmp_path):
     m = json.loads((KIT_DIR / gpu_kit.MANIFEST).read_text())
     assert [(w["name"], w["version"]) for w in m["wheels"]] == [(w.name, w.version) for w in gpu_kit.KIT]
     assert m["fits"] and m["total_bytes"] + m["repo_tracked_bytes"] <= gpu_kit.LIMIT_BYTES
-    assert all(not w["requires_missing"] for w in m["wheels"])
+    assert all(not w["requires_missing"] and not w.get("requires_unmet") for w in m["wheels"])
     did = gpu_kit.install(KIT_DIR, tmp_path / "site", python=sys.executable)
     assert (tmp_path / "site" / "diffusers").is_dir() and (tmp_path / "site" / "torchao").is_dir()
     assert any(line.startswith("peft") for line in did)
@@ -64,3 +64,9 @@ def test_make_passes_the_budget_and_runs_the_kit_with_the_images_python():
     assert "--budget-s 400" in dry("gpu-check")   # the default
     assert ("python3 -m solrl.gpu_kit check --kit runs/gpu-kit -- --out runs/gpu-check --budget-s 400"
             in dry("gpu-check-kit"))
+
+
+def test_a_requirement_outside_the_images_documented_version_is_reported():
+    image = {"huggingface-hub": "1.33.0", "safetensors": "0.8.0", "numpy": None}
+    assert gpu_kit.unmet(["huggingface-hub<3.0,>=1.32.0", "safetensors>=0.8.0", "numpy>=1.17", "Pillow"], image) == []
+    assert gpu_kit.unmet(["safetensors>=0.9"], image) == ["safetensors>=0.9 (the image has 0.8.0)"]
