@@ -974,8 +974,9 @@ def gemm_one(m: int, k: int, n: int, device: torch.device | None = None,
              timer: Callable[[Callable[[], Any]], float] = cuda_time) -> dict[str, Any]:
     """One shape: BF16 matmul, torch._scaled_mm (E4M3, per-tensor scales, BF16 out) with fast accumulation off and
     on, and the torchao explorer's whole Linear (its per-call input copy to FP32, activation scale, FP32 output and
-    bias, and cast back, around the same GEMM), each timed with CUDA events (`timer`); TFLOP/s, and the explorer's
-    overhead over the bare GEMM (fast accumulation off, as the explorer runs it)."""
+    bias, and cast back, around the same GEMM), each timed with CUDA events (`timer`); TFLOP/s, the explorer's
+    overhead over the bare GEMM (fast accumulation off, as the explorer runs it), and that Linear's four steps timed
+    apart (input copy to FP32, its quantization, the GEMM with FP32 output and bias, the cast back)."""
     dev = device or torch.device("cuda")
     x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
@@ -1005,6 +1006,22 @@ def gemm_one(m: int, k: int, n: int, device: torch.device | None = None,
             out["torchao_overhead_ms"] = out["torchao_linear_ms"] - bare
     except Exception as err:
         out["torchao_linear_ms"], out["torchao_error"] = None, error_text(err)
+    try:   # the explorer's Linear step by step, each part timed alone (runs wherever torchao imports)
+        import torch.nn.functional as F
+
+        from solrl.precision.torchao_fp8 import to_float8_tensor
+
+        x32 = x.to(torch.float32).contiguous()
+        xq8, wq8 = to_float8_tensor(x32), to_float8_tensor(w.to(torch.float32))
+        bias = torch.zeros(n, device=dev, dtype=torch.float32)
+        y32 = F.linear(xq8, wq8, bias)
+        out["torchao_parts_ms"] = {"input_copy_fp32": timer(lambda: x.to(torch.float32).contiguous()),
+                                   "quantize_input": timer(lambda: to_float8_tensor(x32)),
+                                   "gemm_fp32_out_and_bias": timer(lambda: F.linear(xq8, wq8, bias)),
+                                   "output_cast": timer(lambda: y32.to(torch.bfloat16))}
+        x32 = xq8 = wq8 = y32 = None
+    except Exception as err:
+        out["torchao_parts_error"] = error_text(err)
     for key in [x for x in out if x.endswith("_ms") and isinstance(out[x], float) and "overhead" not in x]:
         out[key.replace("_ms", "_tflops")] = flop / (out[key] * 1e-3) / 1e12
     return out
@@ -1227,14 +1244,16 @@ def markdown(res: dict[str, Any]) -> str:
         lines += [str(gm.get("skipped") or gm.get("error")), ""]
     else:
         lines += ["| model | M x K x N | BF16 TFLOP/s | FP8 _scaled_mm TFLOP/s (fast acc. off / on) | torchao Linear "
-                  "TFLOP/s | its overhead ms |", "|---|---|---|---|---|---|"]
+                  "TFLOP/s | its overhead ms | its steps ms (copy / quantize / GEMM / cast) |",
+                  "|---|---|---|---|---|---|---|"]
         for name, rows in gm.get("models", {}).items():
             for x in rows:
+                parts = " / ".join(fmt(v) for v in (x.get("torchao_parts_ms") or {}).values()) or "-"
                 lines.append(f"| {name} | {x['m']} x {x['k']} x {x['n']} | {fmt(x.get('bf16_tflops'))} | "
                              f"{fmt(x.get('scaled_mm_fast_accum_off_tflops'))} / "
                              f"{fmt(x.get('scaled_mm_fast_accum_on_tflops'))} | {fmt(x.get('torchao_linear_tflops'))} | "
-                             f"{fmt(x.get('torchao_overhead_ms'))} |" if "bf16_ms" in x else
-                             f"| {name} | {x['m']} x {x['k']} x {x['n']} | {x.get('error') or x.get('skipped')} | | | |")
+                             f"{fmt(x.get('torchao_overhead_ms'))} | {parts} |" if "bf16_ms" in x else
+                             f"| {name} | {x['m']} x {x['k']} x {x['n']} | {x.get('error') or x.get('skipped')} | | | | |")
         lines.append("")
     ex = res.get("explore", {})
     lines += ["## Explore forward", ""]

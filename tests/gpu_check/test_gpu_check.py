@@ -293,6 +293,10 @@ def test_the_gemm_microbenchmark_code_path_on_the_cpu():
     if r["scaled_mm_fast_accum_off_ms"] is not None:   # torch's CPU _scaled_mm (2.13 has one)
         assert finite_positive(r["scaled_mm_fast_accum_on_tflops"])
     assert r["torchao_linear_ms"] is None and "CUDA" in r["torchao_error"]
+    # the explorer's Linear step by step: input copy, quantization, GEMM with FP32 output and bias, cast back
+    assert set(r["torchao_parts_ms"]) == {"input_copy_fp32", "quantize_input", "gemm_fp32_out_and_bias",
+                                          "output_cast"}
+    assert all(finite_positive(v) for v in r["torchao_parts_ms"].values())
     assert gpu_check.gemm_shapes("sd3.5-large", 24)[0][0] % 16 == 0
 
 
