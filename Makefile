@@ -82,6 +82,18 @@ gpu-check:
 gpu-kit:
 	$(GPU_PY) -m solrl.gpu_kit download --dest $(KIT)
 
+# Here: the dry run with the lent image's versions where a CPU can have them (a venv with PyPI's torch 2.11.0, which
+# brings its CUDA libraries, about 5 GB, run on the CPU; transformers 5.17.0 and the image's other versions), the kit
+# installed by gpu_kit as on the GPU machine (docs/testing.md's rehearsal).
+IMAGE_VENV ?= runs/venv-image
+.PHONY: gpu-rehearsal
+gpu-rehearsal: gpu-kit
+	$(PY) -m venv $(IMAGE_VENV)
+	$(IMAGE_VENV)/bin/pip install -q torch==2.11.0 transformers==5.17.0 huggingface_hub==1.33.0 safetensors==0.8.0 \
+		accelerate==1.15.0 scipy pillow matplotlib tqdm pyyaml psutil requests regex packaging filelock
+	$(IMAGE_VENV)/bin/python -m solrl.gpu_kit check --kit $(KIT) --target $(IMAGE_VENV)/kit -- --dry-run \
+		--out $(OUT)-rehearsal
+
 # There (the image's python3, $(KIT) carried): install the kit, then `make gpu-check`'s run.
 gpu-check-kit:
 	python3 -m solrl.gpu_kit check --kit $(KIT) -- --out $(OUT) --budget-s $(BUDGET) $(if $(DRY_RUN),--dry-run)

@@ -70,3 +70,17 @@ def test_a_requirement_outside_the_images_documented_version_is_reported():
     image = {"huggingface-hub": "1.33.0", "safetensors": "0.8.0", "numpy": None}
     assert gpu_kit.unmet(["huggingface-hub<3.0,>=1.32.0", "safetensors>=0.8.0", "numpy>=1.17", "Pillow"], image) == []
     assert gpu_kit.unmet(["safetensors>=0.9"], image) == ["safetensors>=0.9 (the image has 0.8.0)"]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make here")
+def test_the_rehearsal_pins_the_images_versions():
+    import re
+    import subprocess
+
+    text = subprocess.run(["make", "-n", "gpu-rehearsal"], cwd=gpu_kit.ROOT, capture_output=True, text=True,
+                          check=True).stdout
+    image = gpu_kit.image_packages()
+    pins = dict(re.findall(r"([A-Za-z0-9_.-]+)==([0-9][0-9a-z.+]*)", text))
+    assert {"torch", "transformers"} <= set(pins)
+    assert all(image[gpu_kit.norm(name)] == version for name, version in pins.items()), pins
+    assert "solrl.gpu_kit check --kit runs/gpu-kit" in text and "--dry-run" in text
