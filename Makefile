@@ -63,12 +63,37 @@ test-compose: protos
 clean:
 	rm -rf runs .pytest_cache
 
-# On a GPU host (H100 / H200 / B200, no network): the real denoisers' explore forward per precision backend, eager and
-# compiled, a LoRA hot reload, one update's memory per row, a shapes epoch through the services (solrl/gpu_check.py),
-# in about 8 minutes; writes $(OUT)/gpu_check.json and .md. No prerequisite: a GPU host runs it in its own CUDA
+# On a GPU host (H100 / H200 / B200, no network): a preflight, a GEMM microbenchmark, the real denoisers' explore
+# forward per precision backend, eager and with the repeated blocks compiled, a LoRA hot reload, one update's memory
+# per row, a shapes epoch through the services (solrl/gpu_check.py), within BUDGET seconds (each section has a hard
+# limit); writes $(OUT)/gpu_check.json and .md after every row. No prerequisite: a GPU host runs it in its own CUDA
 # environment (GPU_PY; .venv's python where there is one); `make gpu-check DRY_RUN=1` runs it on tiny configs on the CPU.
 OUT    ?= runs/gpu-check
+BUDGET ?= 400
 GPU_PY ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
-.PHONY: gpu-check
+KIT    ?= runs/gpu-kit
+.PHONY: gpu-check gpu-kit gpu-check-kit
 gpu-check:
-	$(GPU_PY) -m solrl.gpu_check --out $(OUT) $(if $(DRY_RUN),--dry-run)
+	$(GPU_PY) -m solrl.gpu_check --out $(OUT) --budget-s $(BUDGET) $(if $(DRY_RUN),--dry-run)
+
+# Here, with network (pip and packaging; no venv needed): the wheels the lent GPU image lacks (solrl/gpu_kit.py;
+# envs/gpu-image-packages.txt lists what it has) into $(KIT), checked to fit a run's 64 MiB with the repository, and
+# its manifest.json.
+gpu-kit:
+	$(GPU_PY) -m solrl.gpu_kit download --dest $(KIT)
+
+# Here: the dry run with the lent image's versions where a CPU can have them (a venv with PyPI's torch 2.11.0, which
+# brings its CUDA libraries, about 5 GB, run on the CPU; transformers 5.17.0 and the image's other versions), the kit
+# installed by gpu_kit as on the GPU machine (docs/testing.md's rehearsal).
+IMAGE_VENV ?= runs/venv-image
+.PHONY: gpu-rehearsal
+gpu-rehearsal: gpu-kit
+	$(PY) -m venv $(IMAGE_VENV)
+	$(IMAGE_VENV)/bin/pip install -q torch==2.11.0 transformers==5.17.0 huggingface_hub==1.33.0 safetensors==0.8.0 \
+		accelerate==1.15.0 scipy pillow matplotlib tqdm pyyaml psutil requests regex packaging filelock
+	$(IMAGE_VENV)/bin/python -m solrl.gpu_kit check --kit $(KIT) --target $(IMAGE_VENV)/kit -- --dry-run \
+		--out $(OUT)-rehearsal
+
+# There (the image's python3, $(KIT) carried): install the kit, then `make gpu-check`'s run.
+gpu-check-kit:
+	python3 -m solrl.gpu_kit check --kit $(KIT) -- --out $(OUT) --budget-s $(BUDGET) $(if $(DRY_RUN),--dry-run)

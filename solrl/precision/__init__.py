@@ -19,6 +19,7 @@ _WHERE = {
     "PrecisionBackend": "base", "QuantLinear": "base", "register_backend": "base", "allow_tf32": "base",
     "BACKENDS": "registry", "available_backends": "registry", "runnable_backends": "registry",
     "build_backend": "registry", "kernel_name": "registry", "same_format": "registry",
+    "unavailable_backends": "registry",
     "EmuQuantLinear": "emulated", "MXFP4EmuBackend": "emulated", "MXFP4EmuLinear": "emulated",
     "NVFP4EmuBackend": "emulated", "NVFP4EmuLinear": "emulated",
     "FP8E4M3EmuBackend": "emulated_te", "FP8E5M2EmuBackend": "emulated_te", "FP8EmuLinear": "emulated_te",

@@ -3,20 +3,52 @@
 The registry sits above the backends it lists: importing it imports every built-in backend module, each of
 which adds its classes to `BACKENDS` (solrl/precision/base.py) with `register_backend`. The backends import
 only the interface (and each other's shared pieces), never this module, so the package has no import circle.
+
+Each module is imported on its own: one whose optional dependency is missing or broken (torchao for the emulations
+and the torchao FP8 GEMM) registers nothing, and `UNAVAILABLE` records why, so BF16 and FP32 (and Transformer
+Engine, which imports its package only when used) stay buildable on a machine without torchao; building a backend
+of a module that failed raises that module's ImportError text.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 import logging
 
 from solrl.models import ENV_CUDA_STANDIN, cuda_stood_in
-
-# imported for their registrations: each module adds its backends to BACKENDS
-from solrl.precision import emulated, emulated_te, reference, torchao_fp8, transformer_engine  # noqa: F401
 from solrl.precision.base import BACKENDS, PrecisionBackend
 from solrl.precision.config import PrecisionConfig
+
+# the built-in backend modules, imported for their registrations (each adds its backends to BACKENDS), and the
+# backend names each would register (solrl.precision.config.BACKEND_NAMES lists them all)
+MODULES = {
+    "reference": ("bf16", "fp32"),
+    "transformer_engine": ("fp8", "nvfp4"),
+    "emulated": ("mxfp4-emu", "nvfp4-emu"),
+    "emulated_te": ("fp8-e4m3-emu", "fp8-e5m2-emu", "nvfp4-te-emu"),
+    "torchao_fp8": ("fp8-torchao",),
+}
+# module -> why it could not be imported (its ImportError), for the modules that registered nothing
+UNAVAILABLE: dict[str, str] = {}
+
+
+def _import_modules() -> None:
+    for module in MODULES:
+        try:
+            importlib.import_module(f"solrl.precision.{module}")
+        except ImportError as err:   # an optional dependency missing or built for another torch
+            UNAVAILABLE[module] = f"{type(err).__name__}: {err}"
+
+
+_import_modules()
+
+
+def unavailable_backends() -> dict[str, str]:
+    """Built-in backend names not registered here, each with its module's ImportError."""
+    return {name: f"solrl.precision.{module}: {UNAVAILABLE[module]}"
+            for module, names in MODULES.items() if module in UNAVAILABLE for name in names if name not in BACKENDS}
 
 
 def same_format(a: str, b: str) -> bool:
@@ -61,6 +93,9 @@ def build_backend(cfg: PrecisionConfig) -> PrecisionBackend:
     if not isinstance(cfg, PrecisionConfig):
         raise TypeError(f"cfg must be a PrecisionConfig, got {type(cfg).__name__}")
     if cfg.backend not in BACKENDS:
+        missing = unavailable_backends().get(cfg.backend)
+        if missing is not None:
+            raise ImportError(f"precision backend {cfg.backend!r} cannot be built here: {missing}")
         raise ValueError(
             f"unknown precision backend {cfg.backend!r}; available: {available_backends()}"
         )
@@ -73,6 +108,7 @@ def build_backend(cfg: PrecisionConfig) -> PrecisionBackend:
                                                 ENV_CUDA_STANDIN, cfg.backend, emulation[0])
             return BACKENDS[emulation[0]](dataclasses.replace(cfg, backend=emulation[0]))
     fallback = TE_FALLBACK.get(cfg.backend)
-    if fallback is not None and importlib.util.find_spec("transformer_engine") is None:
+    if (fallback is not None and fallback in BACKENDS
+            and importlib.util.find_spec("transformer_engine") is None):
         return BACKENDS[fallback](cfg)
     return BACKENDS[cfg.backend](cfg)
