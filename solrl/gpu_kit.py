@@ -24,6 +24,7 @@ import argparse
 import ast
 import dataclasses
 import hashlib
+import hmac
 import importlib
 import json
 import os
@@ -219,7 +220,7 @@ def install(kit: Path, target: Path, python: str = sys.executable) -> list[str]:
     did = []
     for w in manifest["wheels"]:
         path = kit / w["file"]
-        if hashlib.sha256(path.read_bytes()).hexdigest() != w["sha256"]:
+        if not hmac.compare_digest(hashlib.sha256(path.read_bytes()).hexdigest(), w["sha256"]):
             raise SystemExit(f"gpu-kit: {path} does not match its sha256 in the manifest")
         if w.get("only_if_broken") and _imports(w["only_if_broken"], python):
             did.append(f"{w['name']}: kept the installed one (import {w['only_if_broken']} works)")

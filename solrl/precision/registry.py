@@ -24,7 +24,7 @@ from solrl.precision.config import PrecisionConfig
 # the built-in backend modules, imported for their registrations (each adds its backends to BACKENDS), and the
 # backend names each would register (solrl.precision.config.BACKEND_NAMES lists them all)
 MODULES = {
-    "reference": ("bf16", "fp32"),
+    "reference": ("bf16", "bf16-cpu", "fp32"),
     "transformer_engine": ("fp8", "nvfp4"),
     "emulated": ("mxfp4-emu", "nvfp4-emu"),
     "emulated_te": ("fp8-e4m3-emu", "fp8-e5m2-emu", "nvfp4-te-emu"),

@@ -233,4 +233,6 @@ def test_timed_speedups_time_to_reach_and_equal_seconds():
     md = "\n".join(timed_lines(t, {"oracle": {"seconds_per_epoch": {"cpu_epoch": 10.0, "cpu_rollout": 7.0}},
                                    "proxy_bf16cpu": {"seconds_per_epoch": {"cpu_epoch": 6.5}}}, 4))
     assert "| proxy_bf16cpu (4) | 6.5 | 3.08x" in md and "0.64 [" in md and "proxy_bf16cpu is higher" in md
+    assert row["reach_cpu_before_last"]["share"] == pytest.approx(0.65, abs=0.01)   # epoch 3's level, at 0.65x its time
+    assert t2["reach_cpu_before_last"]["share"] is None
     assert timed({"proxy_bf16cpu": {"runs": proxy}}) is None   # no naive scaling arm: nothing to time against

@@ -31,7 +31,7 @@ def test_registry_without_torchao_keeps_bf16_and_records_why():
                           check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["available"] == ["bf16", "fp32", "fp8", "nvfp4"]
+    assert out["available"] == ["bf16", "bf16-cpu", "fp32", "fp8", "nvfp4"]
     assert set(out["unavailable"]) == {"fp8-e4m3-emu", "fp8-e5m2-emu", "fp8-torchao", "mxfp4-emu", "nvfp4-emu",
                                        "nvfp4-te-emu"}
     assert all("torchao" in why for why in out["unavailable"].values())
