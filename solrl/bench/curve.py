@@ -164,18 +164,17 @@ def one_run(preset: str, sets: list[str], run_dir: Path) -> dict[str, Any]:
     share = 1.0 if auto else explore_share(cfg)
     cals = json.loads((run_dir / "calibration.json").read_text()) if auto else []
     proxy_shares = {row["candidate"]: row["quantized_share"] for cal in cals for row in cal["candidates"]}
-    clock = cpu = cost = cal_cost = 0.0
+    cost = cal_cost = 0.0
     seconds = dict.fromkeys(("wall_rollout", "cpu_rollout", "wall_epoch", "cpu_epoch"), 0.0)
     points = []
     for r in recs:
-        clock += r.get("time_epoch_s", 0.0)
-        cpu += r.get("cpu_epoch_s", 0.0)
         for kind, key in (("wall", "time"), ("cpu", "cpu")):  # measured seconds, evaluation excluded
             seconds[f"{kind}_rollout"] += r.get(f"{key}_explore_s", 0.0) + r.get(f"{key}_regenerate_s", 0.0)
             seconds[f"{kind}_epoch"] += r.get(f"{key}_epoch_s", 0.0)
         cost += epoch_cost(r, cfg, share, proxy_shares) if r["epoch"] > 0 else 0.0
         if "eval.mean_reward" in r:
-            points.append({"epoch": r["epoch"], "wall_s": round(clock, 2), "cpu_s": round(cpu, 2),
+            points.append({"epoch": r["epoch"], "wall_s": round(seconds["wall_epoch"], 2),
+                           "cpu_s": round(seconds["cpu_epoch"], 2),
                            "cost_bf16_fwd": round(cost, 1),
                            "reward": r["eval.mean_reward"], "exact_match": r.get("eval.exact_match"),
                            "shape_accuracy": r.get("eval.shape_accuracy"), "flat_share": r.get("eval.flat_share"),
@@ -186,7 +185,8 @@ def one_run(preset: str, sets: list[str], run_dir: Path) -> dict[str, Any]:
             if cal["epoch"] == r["epoch"]:
                 c = calibration_cost(cal)
                 cost, cal_cost = cost + c, cal_cost + c
-    result = {"points": points, "train_wall_s": round(clock, 2), "seconds": {k: round(v, 2) for k, v in seconds.items()},
+    result = {"points": points, "train_wall_s": round(seconds["wall_epoch"], 2),
+              "seconds": {k: round(v, 2) for k, v in seconds.items()},
               "cost_bf16_fwd": round(cost, 1),
               "explore_quantized_share": round(share, 4),
               "cost_per_epoch": round(cost / max(1, recs[-1]["epoch"]), 1)}

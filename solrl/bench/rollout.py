@@ -38,7 +38,7 @@ from solrl.engine.session import Session
 PHASES = ("sync", "explore", "regenerate", "train", "epoch")
 
 
-def default_explorers(small: bool) -> tuple[str, ...]:
+def default_explorers() -> tuple[str, ...]:
     """The real-kernel explorer this machine runs (bf16-cpu where the CPU has BF16 instructions) and the preset's
     NVFP4 emulation."""
     from solrl.precision import runnable_backends
@@ -66,7 +66,7 @@ def one_pool(small: bool, prompts: int | None, n_pool: int, kept: int | None, ep
     if n_pool <= n_kept:
         raise ValueError(f"--pools: every pool must be larger than the {n_kept} kept seeds, got {n_pool}")
     n_epochs = epochs or (1 if small else 3)
-    explorers = tuple(precisions or default_explorers(small))
+    explorers = tuple(precisions or default_explorers())
     from solrl.precision import available_backends
 
     unknown = [p for p in explorers if p not in available_backends()]

@@ -33,7 +33,7 @@ the old adapter's (`train.drift_old`), plus the proxy's Kendall tau on the kept 
 Measured seconds (`timed`): every run records each epoch's wall and process CPU seconds (evaluation excluded); against
 naive scaling (`oracle`) each arm's rollout and end-to-end speed-ups (paired ratios), the time its mean curve takes to
 reach naive scaling's final mean reward (as a share of naive scaling's time, interval by resampling the seeds) and the
-reward at equal seconds. A study with a real-kernel arm writes `selection-timed-*` files.
+reward at equal seconds. A study with a real-kernel arm writes its own files (`selection-<reward>-timed-*`).
 
 The power calculation: from the oracle - none paired differences' spread, the number of seeds whose 95% interval has a
 half-width of at most `target_half` (0.01) — how many seeds a decisive run needs.

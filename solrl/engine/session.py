@@ -46,6 +46,21 @@ def epoch_rng(seed: int, epoch: int, stream: int) -> tuple[np.random.Generator, 
     return np.random.default_rng(ss), torch.Generator().manual_seed(int(ss.generate_state(1, np.uint64)[0] >> 1))
 
 
+class PhaseClock:
+    """The seconds of consecutive phases, each written to `rec` when it ends (`lap`): wall seconds as
+    time_<phase>_s and this process's CPU seconds summed over its threads as cpu_<phase>_s (steadier than wall time on
+    a shared machine, where another process's load stretches the wall clock but not this process's work)."""
+
+    def __init__(self, rec: dict[str, Any]) -> None:
+        self.rec = rec
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+
+    def lap(self, phase: str) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.rec[f"time_{phase}_s"], self.rec[f"cpu_{phase}_s"] = wall - self.wall, cpu - self.cpu
+        self.wall, self.cpu = wall, cpu
+
+
 @dataclass
 class Session:
     """Everything built from a config: model, adapters, inference copies, trainer, scorer."""
@@ -69,7 +84,6 @@ class Session:
     # rollout.staleness=1: the "old" adapter as it was before the last update (version - 1), which the next
     # epoch's rollouts are sampled with; None before the first update (epoch 1 samples with version 0)
     rollout_old: list[torch.Tensor] | None = None
-    last_sync_cpu_s: float = 0.0  # the process CPU seconds of the last `sync`
 
     @classmethod
     def build(cls, cfg: RunConfig, local_explorer: bool = True) -> Session:
@@ -240,15 +254,11 @@ class Session:
                     p.copy_(v)
 
     # ---------------------------------------------------------------- one epoch
-    def sync(self) -> float:
-        """Push the "old" adapter to the inference copies (merge + requantize); returns the wall seconds (and keeps
-        the process CPU seconds in `last_sync_cpu_s`)."""
-        t0, c0 = time.perf_counter(), time.process_time()
+    def sync(self) -> None:
+        """Push the "old" adapter to the inference copies (merge + requantize)."""
         if self.explorer is not None:
             with record_function("solrl.sync"):
                 self.explorer.sync(self.adapters.merged_weights("old"), self.rollout_version())
-        self.last_sync_cpu_s = time.process_time() - c0
-        return time.perf_counter() - t0
 
     def epoch(self, epoch: int, on_stage=lambda stage: None) -> dict[str, Any]:
         """One epoch; `on_stage(name)` is called as each stage starts (for a progress display)."""
@@ -260,7 +270,7 @@ class Session:
         with self.sampling_adapter():
             data_x0, data_r, data_p, group, data_traj, data_lp = self.rollouts(rng, tgen, rec, on_stage)
 
-        t0, c0 = time.perf_counter(), time.process_time()
+        clock = PhaseClock(rec)
         on_stage("train")
         if self.trainer.ranks.parallel:  # data-parallel: the other ranks train on this batch too (Session.follow)
             ddp.share_batch(self.trainer.ranks, epoch, tgen, data_x0, data_r, group, data_p)
@@ -269,12 +279,8 @@ class Session:
         with record_function("solrl.train"):
             rec.update(self.trainer.update(batch, tgen))
         self.version += 1
-        rec["time_train_s"] = time.perf_counter() - t0
-        rec["cpu_train_s"] = time.process_time() - c0
-        # wall seconds (time_*) and this process's CPU seconds summed over its threads (cpu_*: steadier than wall
-        # time on a shared machine, where another process's load stretches the wall clock but not this process's
-        # work) of each phase; evaluation is not part of an epoch
-        for kind in ("time", "cpu"):
+        clock.lap("train")
+        for kind in ("time", "cpu"):   # evaluation is not part of an epoch
             rec[f"{kind}_epoch_s"] = sum(rec[f"{kind}_{phase}_s"] for phase in ("sync", "explore", "regenerate", "train"))
         return rec
 
@@ -292,12 +298,12 @@ class Session:
         seeds = rng.integers(0, 2**31 - 1, size=(len(prompts), max(r.pool, pool))).tolist()
         seeds = [row[:pool] for row in seeds]
         on_stage("sync")
-        rec["time_sync_s"] = self.sync()
-        rec["cpu_sync_s"] = self.last_sync_cpu_s
+        clock = PhaseClock(rec)
+        self.sync()
+        clock.lap("sync")
         mb = r.micro_batch
         data_traj = data_lp = None
 
-        t0, c0 = time.perf_counter(), time.process_time()
         ex = None
         if s.explores:
             on_stage("explore")
@@ -309,10 +315,8 @@ class Session:
                              r.kept, r.selection, tgen, mb, self.cache)
             rec.update({"explore.reward_mean": float(ex.scores.mean()), "explore.reward_std": float(ex.scores.std()),
                         "forwards_explore": ex.forwards})
-        rec["time_explore_s"] = time.perf_counter() - t0
-        rec["cpu_explore_s"] = time.process_time() - c0
+        clock.lap("explore")
 
-        t0, c0 = time.perf_counter(), time.process_time()
         on_stage("regenerate" if s.samples_bf16 else "select")
         if not s.samples_bf16:  # naive_quant: the kept low-precision samples are trained on as they are
             kept_flat = [p * pool + i for p, idx in enumerate(ex.kept) for i in idx]
@@ -342,8 +346,7 @@ class Session:
             if s.regenerates:  # the kept seeds have both a proxy and a BF16 reward
                 kept_proxy = np.stack([ex.scores[p][idx] for p, idx in enumerate(ex.kept)])
                 rec.update(proxy_agreement(kept_proxy, rg.rewards.reshape(len(prompts), r.kept)))
-        rec["time_regenerate_s"] = time.perf_counter() - t0
-        rec["cpu_regenerate_s"] = time.process_time() - c0
+        clock.lap("regenerate")
         rec["rollout.reward_mean"] = float(np.mean(data_r))
         rec["rollout.reward_std"] = float(np.std(data_r))
         by_prompt = np.asarray(data_r).reshape(len(prompts), -1)  # [P, k] trained rewards

@@ -86,11 +86,11 @@ def native_bf16_error(flags: frozenset[str]) -> str | None:
 @register_backend
 class Bf16CpuBackend(Bf16Backend):
     """Real BF16 tensors computed by torch's native BF16 CPU kernels (oneDNN convolutions and matmuls, AVX512-BF16 /
-    AMX): the bundled UNet's explore forward runs 1.5-1.9x faster than FP32 on a 2-core AMD EPYC with AVX512-BF16
-    (benchmarks/results/rollout.md). Every floating parameter and buffer becomes a bfloat16 tensor; the model's
-    `velocity` casts its inputs to the denoiser's dtype and answers in the caller's. An adapter sync copies the
-    merged weights in with a cast (no re-quantization). The CPU must have BF16 instructions (`check_environment`,
-    from /proc/cpuinfo); on CUDA use `bf16`, which already keeps real BF16 tensors there."""
+    AMX): the bundled UNet's explore forward costs 0.60-0.68x the FP32 one at 16-32 rows on a 2-core AMD EPYC with
+    AVX512-BF16 (benchmarks/results/rollout-bf16cpu.md). Every floating parameter and buffer becomes a bfloat16
+    tensor; the model's `velocity` casts its inputs to the denoiser's dtype and answers in the caller's. An adapter
+    sync copies the merged weights in with a cast (no re-quantization). The CPU must have BF16 instructions
+    (`check_environment`, from /proc/cpuinfo); on CUDA use `bf16`, which already keeps real BF16 tensors there."""
 
     name = "bf16-cpu"
     implements = "bf16"

@@ -34,13 +34,11 @@ def describe_machine() -> dict[str, Any]:
 
     cpu = platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    flags = cpu_flags()
+        cpuinfo = ""
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), cpu)
+    flags = cpu_flags(cpuinfo)
     return {"cpu": cpu, "cpu_flags": [f for f in ISA_FLAGS if f in flags], "cores": os.cpu_count(),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version()}
 
