@@ -369,6 +369,11 @@ def timed(arms: dict[str, Any]) -> dict[str, Any] | None:
             # the reference's reward one epoch before its last: a level an arm a little behind per epoch can reach
             # within its own epochs (the final one may lie past them)
             row[f"reach_{kind}_before_last"] = reach_share(ra, [dict(r, points=r["points"][:-1]) for r in rb], key)
+            # and the reference's reward at each evaluated epoch: with arms run past the epoch a goal names (naive
+            # scaling's epoch-8 reward, say), the time to reach it read off the same runs
+            row[f"reach_{kind}_by_epoch"] = {
+                str(e): reach_share(ra, [dict(r, points=[p for p in r["points"] if p["epoch"] <= e]) for r in rb], key)
+                for e in [p["epoch"] for p in rb[0]["points"]] if e > 0}
             budget = min(np.mean([r["points"][-1][key] for r in ra]), np.mean([r["points"][-1][key] for r in rb]))
             at = [[float(np.interp(budget, [p[key] for p in r["points"]], [p["reward"] for p in r["points"]]))
                    for r in runs] for runs in (ra, rb)]
@@ -573,4 +578,12 @@ def timed_lines(t: dict[str, Any] | None, arms: dict[str, Any], epochs: int) -> 
                      f"{_share(row['reach_cpu'])} ({_share(row['reach_wall'])}) | "
                      f"{_share(row['reach_cpu_before_last'])} ({_share(row['reach_wall_before_last'])}) | "
                      f"{_ci(eq)} at {eq['seconds']:.0f} s: {verdict({**eq, 'a': k, 'b': t['reference']})} |")
+    by = {k: row.get("reach_cpu_by_epoch") for k, row in t["arms"].items() if row.get("reach_cpu_by_epoch")}
+    if by:
+        targets = list(next(iter(by.values())))
+        lines += ["", "Time to reach naive scaling's mean reward at each epoch, as a share of naive scaling's CPU seconds "
+                  "to that epoch (95% interval from resampling the seeds; `never`: some resamples do not reach it "
+                  "within the arm's epochs):", "",
+                  "| arm | " + " | ".join(f"ep. {e}" for e in targets) + " |", "|---|" + "---|" * len(targets)]
+        lines += [f"| {k} | " + " | ".join(_share(b[e]) if e in b else "" for e in targets) + " |" for k, b in by.items()]
     return lines

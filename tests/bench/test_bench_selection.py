@@ -235,4 +235,11 @@ def test_timed_speedups_time_to_reach_and_equal_seconds():
     assert "| proxy_bf16cpu (4) | 6.5 | 3.08x" in md and "0.64 [" in md and "proxy_bf16cpu is higher" in md
     assert row["reach_cpu_before_last"]["share"] == pytest.approx(0.65, abs=0.01)   # epoch 3's level, at 0.65x its time
     assert t2["reach_cpu_before_last"]["share"] is None
+    # the reference's reward at each epoch: the proxy reaches each epoch's level at 0.65x naive's time to it
+    by = row["reach_cpu_by_epoch"]
+    assert list(by) == ["1", "2", "3", "4"] and by["4"] == row["reach_cpu"] and by["3"] == row["reach_cpu_before_last"]
+    # (the proxy's head start of 0.00175 is 0.035 of an epoch's gain: it reaches epoch e's level at e - 0.035 epochs)
+    assert [x["share"] for x in by.values()] == pytest.approx([(e - 0.035) * 0.65 / e for e in range(1, 5)], abs=1e-3)
+    assert all(x["share"] is None for x in t2["reach_cpu_by_epoch"].values())
+    assert "| ep. 1 | ep. 2 | ep. 3 | ep. 4 |" in md and "| proxy_bf16cpu | 0.6" in md
     assert timed({"proxy_bf16cpu": {"runs": proxy}}) is None   # no naive scaling arm: nothing to time against
