@@ -301,7 +301,7 @@ def reload_vs_explore(pool: int, steps: int, reps: int) -> dict[str, Any]:
     from solrl.precision import PrecisionConfig
     from solrl.rewards import build_reward
 
-    cfg = get_preset("shapes-sol-rl")
+    cfg = get_preset("shapes-sol-rl").validate()   # the explorer this machine runs (bf16-cpu where it is native)
     model = load_model("shapes")
     lora = LoraSpec(rank=cfg.lora.rank, alpha=cfg.lora.alpha, target_modules=model.spec.lora_targets)
     plane = ExplorerDataPlane(model, PrecisionConfig(cfg.rollout.explore_precision.backend), lora,

@@ -25,6 +25,10 @@ def cmd_train(a: argparse.Namespace) -> int:
             return 0
         print(f"solrl train: {cfg.name} ({cfg.rollout.mode}), {cfg.epochs} epochs -> {run_dir}"
               + (f", {ranks.world} data-parallel ranks" if ranks.parallel else ""))
+        if cfg.rollout.mode in ("sol_rl", "naive_quant"):
+            note = cfg.rollout.explore_precision.note
+            print(f"explorer: {cfg.rollout.explore_precision.backend} at {cfg.rollout.explore_steps} steps"
+                  + (f" ({note})" if note else ""))
         s = train(cfg, run_dir, resume=bool(a.resume), progress=not a.no_progress, ranks=ranks)
     print(json.dumps({k: s[k] for k in ("eval_before", "eval_after", "wall_time_s", "mean_epoch_times_s",
                                         "forwards_per_epoch")}, indent=2))

@@ -8,6 +8,7 @@ import typing
 from typing import Any
 
 from solrl.config.schema import ConfigError, RunConfig, _convert
+from solrl.precision.config import PrecisionConfig
 
 
 def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
@@ -36,4 +37,7 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
             except json.JSONDecodeError as e:
                 raise ConfigError(f"{key}: bad list {raw!r} ({e})") from e
         setattr(obj, parts[-1], _convert(tp, value, key))
+        if isinstance(obj, PrecisionConfig) and parts[-1] == "backend":
+            # a backend named explicitly is the one to run: the preset's machine-dependent choice is dropped
+            obj.fallback = obj.note = ""
     return cfg

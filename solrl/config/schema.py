@@ -251,8 +251,37 @@ class RunConfig:
         if self.prompts.relation_share != PromptsConfig.relation_share and not takes_relation_share(self.prompts.train):
             raise ConfigError(f"prompts.relation_share applies to the shapes world's prompt sets only; prompts.train is "
                               f"{self.prompts.train!r}")
+        self._resolve_fallbacks()
         self._validate_precision()
         return self
+
+    def _resolve_fallbacks(self) -> None:
+        """A precision whose `fallback` is set (a preset's choice that depends on the machine, PrecisionConfig) becomes
+        the backend that runs here, once: its own where it can run on this machine and the model's device, else the
+        fallback; `note` says which and why."""
+        for name in ("explore_precision", "precision"):
+            pc = getattr(self.rollout, name)
+            if not pc.fallback:
+                continue
+            from solrl.precision import build_backend, cannot_run_here
+
+            why = cannot_run_here(pc.backend, self._model_device())
+            if why is None:
+                pc.fallback = ""
+                here = getattr(build_backend(pc), "environment", lambda: "")()
+                pc.note = f"{pc.backend}: it runs here" + (f" ({here})" if here else "")
+            else:
+                pc.note = f"{pc.fallback} instead of {pc.backend}: {why.split('. ')[0]}"   # its first sentence
+                pc.backend, pc.fallback = pc.fallback, ""
+
+    def _model_device(self) -> str:
+        """The device the model loads on: model.device, else the model's default (the CPU for the shapes bed, CUDA
+        where present for the real models; solrl.models.load_model)."""
+        if self.model.device:
+            return self.model.device
+        import torch
+
+        return "cuda" if self.model.name != "shapes" and torch.cuda.is_available() else "cpu"
 
     def _validate_algo(self) -> None:
         r, t = self.rollout, self.train

@@ -90,6 +90,7 @@ class Session:
         """local_explorer=False: exploration happens elsewhere (the trainer service), so no
         low-precision inference copy is built (the adaptive proxy still calibrates here, on the trainer's
         device, and names its choice in each ExploreJob)."""
+        cfg._resolve_fallbacks()   # a preset's machine-dependent explorer, where the config was not validated
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         model = load_model(cfg.model.name, cfg.model.path, cfg.model.device or None,

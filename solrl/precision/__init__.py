@@ -18,7 +18,7 @@ from solrl.precision.config import BACKEND_NAMES, PrecisionConfig
 _WHERE = {
     "PrecisionBackend": "base", "QuantLinear": "base", "register_backend": "base", "allow_tf32": "base",
     "BACKENDS": "registry", "available_backends": "registry", "runnable_backends": "registry",
-    "build_backend": "registry", "kernel_name": "registry", "same_format": "registry",
+    "build_backend": "registry", "cannot_run_here": "registry", "kernel_name": "registry", "same_format": "registry",
     "unavailable_backends": "registry",
     "EmuQuantLinear": "emulated", "MXFP4EmuBackend": "emulated", "MXFP4EmuLinear": "emulated",
     "NVFP4EmuBackend": "emulated", "NVFP4EmuLinear": "emulated",

@@ -106,6 +106,8 @@ class PrecisionBackend:
     # its kernels keep process-global state (Transformer Engine's autocast): a serving process runs one model call
     # at a time (services/explorer/dataplane.py)
     global_state: ClassVar[bool] = False
+    # its kernels are the CPU's own (bf16-cpu): refused for a model on CUDA
+    cpu_only: ClassVar[bool] = False
 
     def __init__(self, cfg: PrecisionConfig) -> None:
         if not isinstance(cfg, PrecisionConfig):

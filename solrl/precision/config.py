@@ -21,6 +21,13 @@ class PrecisionConfig:
     / last N blocks (`denoiser_blocks`) in high precision. `quantize_activations` picks W4A4 (True) or
     weight-only quantization (False). `model_skip` holds the model's own patterns (set by
     `with_model_skips` from the model spec; not checked for matches, since one list serves a family).
+
+    `fallback` names the backend to run where `backend` cannot run on this machine and device (a preset's choice
+    that depends on the machine: the shapes presets explore in `bf16-cpu` where the CPU has BF16 instructions, else
+    in `nvfp4-emu`). The run's config resolves it once, when it is validated (`RunConfig.validate`): `backend`
+    becomes what runs, `fallback` is emptied and `note` says what was chosen and why, so a run directory's
+    config.json names the backend that ran. A backend named explicitly (`--set ...backend=...`) drops the fallback:
+    an explicit choice that cannot run fails with its error.
     """
 
     backend: str = "bf16"
@@ -30,10 +37,13 @@ class PrecisionConfig:
     keep_first_blocks: int = 0
     keep_last_blocks: int = 0
     model_skip: tuple[str, ...] = ()
+    fallback: str = ""
+    note: str = ""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.backend, str):
-            raise TypeError(f"backend must be a str, got {type(self.backend).__name__}")
+        for name in ("backend", "fallback", "note"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name} must be a str, got {type(getattr(self, name)).__name__}")
         if isinstance(self.skip, str) or not isinstance(self.skip, (tuple, list)):
             raise TypeError(f"skip must be a tuple of str patterns, got {self.skip!r}")
         if not all(isinstance(p, str) for p in self.skip):

@@ -94,9 +94,15 @@ class Bf16CpuBackend(Bf16Backend):
 
     name = "bf16-cpu"
     implements = "bf16"
+    cpu_only = True
 
     def _store(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(torch.bfloat16)
+
+    def environment(self) -> str:
+        """What on this machine lets it run (for a run's note)."""
+        have = sorted(f for f in CPU_BF16_FLAGS if f in cpu_flags())
+        return f"BF16 instructions on this CPU: {', '.join(have)}" if have else "no BF16 instructions on this CPU"
 
     def check_environment(self) -> None:
         """Raise RuntimeError unless this CPU runs BF16 natively."""

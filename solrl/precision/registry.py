@@ -83,6 +83,21 @@ def runnable_backends() -> list[str]:
     return out
 
 
+def cannot_run_here(name: str, device: str) -> str | None:
+    """Why backend `name` cannot run on this machine for a model on `device` ("cpu", "cuda", "cuda:1"); None where it
+    can: registered, not a CPU-only backend on CUDA, and its machine check (`check_environment`) passing."""
+    if name not in BACKENDS:
+        return unavailable_backends().get(name) or f"no precision backend {name!r} is registered here"
+    cls = BACKENDS[name]
+    if cls.cpu_only and device.startswith("cuda"):
+        return f"{name!r} runs on the CPU and the model is on {device}"
+    try:
+        getattr(cls(PrecisionConfig(name)), "check_environment", lambda: None)()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
 # Backends built for a Transformer Engine name where the transformer_engine package is not installed
 TE_FALLBACK = {"fp8": "fp8-torchao"}
 
@@ -92,6 +107,9 @@ def build_backend(cfg: PrecisionConfig) -> PrecisionBackend:
     `fp8-torchao` (torchao's FP8 GEMM, the same format; its `cfg.backend` stays `fp8`)."""
     if not isinstance(cfg, PrecisionConfig):
         raise TypeError(f"cfg must be a PrecisionConfig, got {type(cfg).__name__}")
+    if cfg.fallback:
+        raise ValueError(f"precision backend {cfg.backend!r} with fallback {cfg.fallback!r} is a choice still to make "
+                         "on the machine that runs it: validate the run's config first (RunConfig.validate resolves it)")
     if cfg.backend not in BACKENDS:
         missing = unavailable_backends().get(cfg.backend)
         if missing is not None:

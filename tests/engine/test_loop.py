@@ -187,7 +187,13 @@ def test_cli_train_then_eval_of_the_run(random_model_dir, tmp_path, capsys):
     for o in TINY + [f"model.path={random_model_dir}"]:
         args += ["--set", o]
     assert main(args) == 0
-    assert "held-out reward (EMA adapter)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "held-out reward (EMA adapter)" in out
+    saved = json.loads((run / "config.json").read_text())["rollout"]["explore_precision"]
+    # the explorer that ran, as the run's config names it (the preset's bf16-cpu where this CPU runs it, else its
+    # fallback, with why)
+    assert f"explorer: {saved['backend']} at " in out and saved["fallback"] == ""
+    assert saved["backend"] not in ("bf16-cpu", "nvfp4-emu") or saved["note"] in out
     assert main(args) == 2  # the same --out again: refuses to overwrite a run
     assert "already holds a run" in capsys.readouterr().err
     out = tmp_path / "ev"

@@ -104,3 +104,52 @@ def test_a_session_explores_on_the_real_kernel_copy_and_syncs_the_adapter():
     merged = sess.adapters.merged_weights("old")
     name, w = next(iter(merged.items()))
     assert torch.equal(sess.explorer.module.get_submodule(name).weight, w.to(torch.bfloat16))
+
+
+# ---------------------------------------------------------------- the shapes presets' explorer: bf16-cpu where it runs
+def test_presets_explore_in_bf16_cpu_where_the_cpu_runs_it(tmp_path):
+    from solrl.config import RunConfig, resolve
+
+    cfg = resolve("shapes-sol-rl")
+    ep = cfg.rollout.explore_precision
+    assert ep.fallback == ""   # resolved once, when validated
+    if NATIVE:
+        assert ep.backend == "bf16-cpu" and ep.note.startswith("bf16-cpu: it runs here (BF16 instructions on this CPU")
+    else:
+        assert ep.backend == "nvfp4-emu" and "nvfp4-emu instead of bf16-cpu" in ep.note and "BF16 instructions" in ep.note
+    cfg.save(tmp_path / "config.json")   # what ran is what the run directory's config names; a resume keeps it
+    again = RunConfig.load(tmp_path / "config.json").validate().rollout.explore_precision
+    assert (again.backend, again.fallback, again.note) == (ep.backend, "", ep.note)
+
+
+def test_presets_fall_back_to_the_emulation_without_bf16_instructions(monkeypatch):
+    import solrl.precision.reference as reference
+    from solrl.config import resolve
+
+    monkeypatch.setattr(reference, "cpu_flags", lambda: cpu_flags(ZEN3))   # a CPU of AVX2 only (not this one)
+    ep = resolve("shapes-sol-rl").rollout.explore_precision
+    assert ep.backend == "nvfp4-emu" and ep.fallback == ""
+    assert ep.note == ("nvfp4-emu instead of bf16-cpu: precision backend 'bf16-cpu' needs a CPU with BF16 instructions "
+                       "(avx512_bf16 or amx_bf16 in /proc/cpuinfo); this one has AVX2 without them, where a BF16 "
+                       "forward is slower than FP32")
+    # an explicit choice is kept, and fails on its own when the model is prepared
+    ep = resolve("shapes-sol-rl", overrides=["rollout.explore_precision.backend=bf16-cpu"]).rollout.explore_precision
+    assert (ep.backend, ep.fallback, ep.note) == ("bf16-cpu", "", "")
+    with pytest.raises(RuntimeError, match="BF16 instructions"):
+        build_backend(ep).prepare(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+
+
+def test_presets_on_cuda_keep_the_emulation_and_unresolved_choices_are_refused():
+    from solrl.precision import cannot_run_here
+    from solrl.shapes.presets import shapes_sol_rl
+
+    cfg = shapes_sol_rl()
+    with pytest.raises(ValueError, match="validate the run's config first"):
+        build_backend(cfg.rollout.explore_precision)
+    cfg.model.device = "cuda"     # resolved alone: this machine has no GPU for the whole validation
+    cfg._resolve_fallbacks()
+    ep = cfg.rollout.explore_precision
+    assert ep.backend == "nvfp4-emu"
+    assert ep.note == "nvfp4-emu instead of bf16-cpu: 'bf16-cpu' runs on the CPU and the model is on cuda"
+    assert cannot_run_here("bf16", "cuda") is None and "no precision backend 'nope'" in cannot_run_here("nope", "cpu")
+    assert (cannot_run_here("bf16-cpu", "cpu") is None) == NATIVE

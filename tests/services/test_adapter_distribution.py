@@ -105,7 +105,8 @@ def test_a_vanished_pod_is_dropped_from_a_push_and_a_late_pod_fetches_the_adapte
 
 
 def test_the_trainer_refuses_workers_that_do_not_serve_its_run(explorer):
-    cfg = get_preset("shapes-sol-rl")
+    # the run the explorer above serves: the preset with the emulated NVFP4 explorer named
+    cfg = apply_overrides(get_preset("shapes-sol-rl"), ["rollout.explore_precision.backend=nvfp4-emu"]).validate()
     pusher = AdapterPusher([explorer.grpc.address], [], TOKEN)
     try:
         seen = check_workers(pusher, cfg, timeout_s=10)

@@ -444,7 +444,7 @@ def test_the_data_token_on_the_explorer_and_regenerator_doors():
     from services.regenerator.server import start as start_regenerator
     from services.trainer.server import AdapterPusher, check_workers
     from solrl.adapters import sha256_hex
-    from solrl.config import get_preset
+    from solrl.config import apply_overrides, get_preset
     from solrl.pb.solrl.common.v1 import common_pb2
     from solrl.pb.solrl.explorer.v1 import explorer_pb2, explorer_pb2_grpc
     from solrl.pb.solrl.regenerator.v1 import regenerator_pb2, regenerator_pb2_grpc
@@ -481,7 +481,7 @@ def test_the_data_token_on_the_explorer_and_regenerator_doors():
         assert httpx.get(f"{http}/v2/health/ready").json() == {"ready": True}
         # the trainer: Info with the data token, LoadAdapter with the adapter token
         data = adapter(tiny_model(), 1)
-        cfg = get_preset("shapes-sol-rl")
+        cfg = apply_overrides(get_preset("shapes-sol-rl"), ["rollout.explore_precision.backend=nvfp4-emu"]).validate()
         addrs = ([explorer.grpc.address], [regenerator.grpc.address])
         without = AdapterPusher(*addrs, adapter_token, retry_s=0.5)
         with pytest.raises(RuntimeError, match="UNAUTHENTICATED"):
