@@ -70,12 +70,17 @@ def run_state(run_dir: Path) -> dict[str, Any]:
         config = json.loads((run_dir / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
         pass
-    calibration = []
+    calibration, summary = [], None
     try:
         calibration = json.loads((run_dir / "calibration.json").read_text())
     except (OSError, json.JSONDecodeError):
         pass
+    try:   # a finished run's summary (whether a monitor alarm stopped it)
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        pass
     return _finite({"run_dir": str(run_dir), "config": config, "records": _records(run_dir / "metrics.jsonl"),
+                    "summary": summary,
                     "evals": _evals(run_dir), "calibrations": [{k: c.get(k) for k in ("epoch", "chosen", "met_target")}
                                                                for c in calibration]})
 

@@ -107,6 +107,17 @@ class TrainingMetrics:
                               ["run", "outcome"], registry=r)
         self.queue_depth = Gauge("solrl_queue_depth", "Messages in a work-queue stream (read at scrape time)",
                                  ["stream"], registry=r)
+        # reward-hacking monitors (solrl/engine/monitors.py): the held-out images' flat, near-duplicate and diversity
+        # measures, the trained rollouts' flat share, each reference reward and its drift, the alarms raised
+        self.monitor = Gauge("solrl_monitor", "Reward-hacking monitor, last value: eval_flat_share, "
+                             "eval_duplicate_share, eval_diversity (held-out images), rollout_flat_share, "
+                             "rollout_best_flat_share (trained rollouts)", ["run", "monitor"], registry=r)
+        self.reference = Gauge("solrl_monitor_reference_reward", "Held-out mean of a reward the run does not train on "
+                               "(monitor.reference_rewards), and its drift from before training",
+                               ["run", "reward", "kind"], registry=r)
+        self.alarms = Counter("solrl_monitor_alarms", "Monitor thresholds crossed (monitor.* in the run config)",
+                              labels, registry=r)
+        self.alarms.labels(run_id)
         self.epochs.labels(run_id).set(epochs)
         for outcome in ("ok", "failed", "dropped"):
             self.pushes.labels(run_id, outcome)  # present (at 0) before the first push
@@ -144,6 +155,16 @@ class TrainingMetrics:
         for key, stage in _STAGES.items():
             if isinstance(rec.get(key), (int, float)):
                 self.stage.labels(run, stage).observe(rec[key])
+        for key in ("eval.flat_share", "eval.duplicate_share", "eval.diversity", "rollout.flat_share",
+                    "rollout.best_flat_share"):
+            if isinstance(rec.get(key), (int, float)):
+                self.monitor.labels(run, key.replace(".", "_")).set(rec[key])
+        for key, value in rec.items():
+            for prefix, kind in (("eval.ref.", "heldout"), ("eval.ref_drift.", "drift")):
+                if key.startswith(prefix) and isinstance(value, (int, float)):
+                    self.reference.labels(run, key[len(prefix):], kind).set(value)
+        if rec.get("monitor.alarms"):
+            self.alarms.labels(run).inc(rec["monitor.alarms"])
 
     def observe_push(self, outcome: str) -> None:
         self.pushes.labels(self.run, outcome).inc()

@@ -148,6 +148,23 @@ class EvalConfig:
 
 
 @dataclass
+class MonitorConfig:
+    """Reward-hacking monitors and their alarms (solrl/engine/monitors.py, docs/training.md). Each held-out
+    evaluation records the flat, near-duplicate and diversity measures of its images and the mean of each reference
+    reward; a threshold of 0 is off. A crossed threshold logs a line, counts in `monitor.alarms` (the record) and
+    `solrl_monitor_alarms_total` (the trainer's metrics), and with `stop` ends the run after that epoch's checkpoint."""
+
+    # rewards scored on the held-out images beside eval.reward and never trained on: their drift shows a hack the
+    # trained reward cannot (e.g. the exact shapes reward while training JPEG compressibility)
+    reference_rewards: tuple[str, ...] = ()
+    flat_share_max: float = 0.0         # alarm above this share of blank canvases (held-out or trained rollouts)
+    duplicate_share_max: float = 0.0    # alarm above this share of images with a near-duplicate among their prompt's seeds
+    diversity_min: float = 0.0          # alarm below this mean RMS distance (0..1) between a prompt's seeds
+    reference_drop_max: float = 0.0     # alarm when a reference reward falls more than this below its value before training
+    stop: bool = False                  # end the run at the first alarm (after that epoch's checkpoint)
+
+
+@dataclass
 class PromptsConfig:
     """Prompt sets (solrl.prompts): a built-in name or a .txt / .jsonl / .json file. Real-model presets
     leave both empty, and a run must name its own."""
@@ -181,6 +198,7 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     # ---------------------------------------------------------------- checks
     def validate(self) -> RunConfig:
@@ -251,9 +269,30 @@ class RunConfig:
         if self.prompts.relation_share != PromptsConfig.relation_share and not takes_relation_share(self.prompts.train):
             raise ConfigError(f"prompts.relation_share applies to the shapes world's prompt sets only; prompts.train is "
                               f"{self.prompts.train!r}")
+        self._validate_monitor()
         self._resolve_fallbacks()
         self._validate_precision()
         return self
+
+    def _validate_monitor(self) -> None:
+        m = self.monitor
+        for name in ("flat_share_max", "duplicate_share_max", "diversity_min", "reference_drop_max"):
+            v = getattr(m, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"monitor.{name} must be a finite number >= 0 (0 = off), got {v!r}")
+        for name in ("flat_share_max", "duplicate_share_max"):
+            if getattr(m, name) > 1:
+                raise ConfigError(f"monitor.{name} is a share in [0, 1] (0 = off), got {getattr(m, name)}")
+        if not isinstance(m.stop, bool):
+            raise ConfigError(f"monitor.stop must be true or false, got {m.stop!r}")
+        from solrl.rewards import available_rewards
+
+        for name in m.reference_rewards:
+            if name not in available_rewards():
+                raise ConfigError(f"monitor.reference_rewards: unknown reward {name!r}; available: {available_rewards()}")
+        if m.reference_drop_max and not m.reference_rewards:
+            raise ConfigError("monitor.reference_drop_max watches the reference rewards: name them in "
+                              "monitor.reference_rewards (e.g. [\"shapes\"])")
 
     def _resolve_fallbacks(self) -> None:
         """A precision whose `fallback` is set (a preset's choice that depends on the machine, PrecisionConfig) becomes

@@ -104,10 +104,14 @@ def _score(scorer: Scorer, images: np.ndarray, prompts: list[str],
 
 def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], prompts: list[str],
              seeds_per_prompt: int, seed: int, sampler: SamplerSpec, scorer: Scorer | None = None,
-             micro_batch: int = 128, cache: PromptCache | None = None
-             ) -> tuple[dict[str, Any], dict[int, np.ndarray]]:
+             micro_batch: int = 128, cache: PromptCache | None = None,
+             references: dict[str, Scorer] | None = None) -> tuple[dict[str, Any], dict[int, np.ndarray]]:
     """Returns (summary, {steps: grid image}). Seeds are fixed: seed + prompt index * S + j. `scorer`
-    defaults to the registered `shapes` reward (the shapes world's exact one)."""
+    defaults to the registered `shapes` reward (the shapes world's exact one). Each step count's result also holds
+    the reward-hacking monitors of its images (solrl/engine/monitors.py: `diversity` and `duplicate_share` across a
+    prompt's seeds) and, as `ref.<name>`, the mean of each of `references` (rewards the run does not train on)."""
+    from solrl.engine.monitors import seed_spread
+
     if not prompts:
         raise ValueError("evaluate needs at least one prompt")
     flat_p = [p for p in prompts for _ in range(seeds_per_prompt)]
@@ -124,14 +128,19 @@ def evaluate(model: T2IModel, transformer: nn.Module, steps: tuple[int, ...], pr
         drawn = totals[~flat]  # the reward without the blank-canvas exploit (None: every image flat)
         res: dict[str, Any] = {"mean_reward": float(totals.mean()), "n": len(totals), "flat_share": float(flat.mean()),
                                "mean_reward_not_flat": float(drawn.mean()) if len(drawn) else None,
-                               "sample_time_s": round(time.time() - t0, 2), **extra}
+                               "sample_time_s": round(time.time() - t0, 2), **extra,
+                               **seed_spread(gen.images, seeds_per_prompt),
+                               **{f"ref.{name}": float(_score(ref, gen.images, flat_p, seeds_per_prompt)[0].mean())
+                                  for name, ref in (references or {}).items()}}
         results[str(n_steps)] = res
         pick = list(range(0, len(flat_p), seeds_per_prompt))[:32]
         grids[n_steps] = image_grid(first_frames(gen.images[pick]), [flat_p[i] for i in pick],
                                     scores=[float(totals[i]) for i in pick])
     first = results[str(steps[0])]
     summary = {"mean_reward": first["mean_reward"], "flat_share": first["flat_share"],
-               "mean_reward_not_flat": first["mean_reward_not_flat"], "n": first["n"], "steps": list(steps),
+               "mean_reward_not_flat": first["mean_reward_not_flat"],
+               **{k: v for k, v in first.items() if k in ("diversity", "duplicate_share") or k.startswith("ref.")},
+               "n": first["n"], "steps": list(steps),
                "reward": getattr(reward, "name", type(reward).__name__),
                "prompts": len(prompts), "seeds_per_prompt": seeds_per_prompt,
                **summaries[str(steps[0])], "results": results}

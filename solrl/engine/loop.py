@@ -70,6 +70,8 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
                                if any(k in r for r in records)},
         "explorer_weight_bytes": sess.explorer.weight_bytes() if sess.explorer else None,
         "machine": describe_machine(),
+        "monitor_alarms": sum(r.get("monitor.alarms", 0) for r in records),
+        "stopped_by_monitor": sess.stopped,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

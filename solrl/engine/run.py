@@ -18,8 +18,9 @@ import numpy as np
 from solrl.adapters import encode_adapter
 from solrl.engine.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from solrl.engine.evaluate import eval_metrics
+from solrl.engine.monitors import alarms, reference_drift
 from solrl.engine.session import Session
-from solrl.telemetry import MetricsWriter, save_png
+from solrl.telemetry import MetricsWriter, read_metrics, save_png
 
 
 def resume_session(sess: Session, run_dir: Path, what: str, log: Callable[[str], None] = print) -> int:
@@ -55,6 +56,10 @@ def run_epochs(sess: Session, run_dir: Path, start: int, epoch: Callable[[int], 
     (run_dir / "eval").mkdir(exist_ok=True)
     proxy_fields = sess.setup_proxy(run_dir, start, log)  # the adaptive proxy calibrates on this device
     base_eval = None
+    # the evaluation before training, which the reference rewards' drift is measured from (a resumed run's is in
+    # its metrics.jsonl)
+    before = (next((r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("epoch") == 0), None)
+              if resume and (run_dir / "metrics.jsonl").exists() else None)
     if start == 0:
         on_state("evaluating", 0)
         t0 = time.perf_counter()
@@ -64,6 +69,7 @@ def run_epochs(sess: Session, run_dir: Path, start: int, epoch: Callable[[int], 
                 "time_eval_s": time.perf_counter() - t0}
         writer.write(rec0)
         on_record(rec0)
+        before = rec0
         log(f"held-out reward before training (EMA = base): {base_eval['mean_reward']:.4f}")
     for e in range(start, cfg.epochs) if epochs is None else epochs:
         on_state("running", e)
@@ -75,13 +81,23 @@ def run_epochs(sess: Session, run_dir: Path, start: int, epoch: Callable[[int], 
             ev, grids = sess.evaluate()
             save_eval(run_dir / "eval" / f"epoch_{done:04d}", ev, grids, writer, done)
             rec.update({**eval_metrics(ev), "time_eval_s": time.perf_counter() - t0})
+            rec.update(reference_drift(rec, before))
         sess.after_epoch(done, rec, run_dir, log)
+        raised = alarms(cfg.monitor, rec)
+        rec["monitor.alarms"] = len(raised)
+        for line in raised:
+            log(f"monitor alarm, epoch {done}: {line}")
         writer.write(rec)
         on_record(rec)
-        if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs):
+        stop = bool(raised) and cfg.monitor.stop
+        if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.epochs or stop):
             save_checkpoint(run_dir, done, sess.adapters, sess.trainer.opt, sess.trainer.global_step, sess.version,
                             rollout_adapter=sess.rollout_old)
         after_epoch(rec)
+        if stop:
+            sess.stopped = f"epoch {done}: " + "; ".join(raised)
+            log(f"monitor.stop: the run ends after epoch {done} of {cfg.epochs}")
+            break
     writer.close()
     (run_dir / "adapter_ema.safetensors").write_bytes(
         encode_adapter(sess.adapters.state_dict("ema"), sess.version, sess.adapters.spec))

@@ -27,7 +27,7 @@ from solrl.algo import prompt_kendall_taus, select
 from solrl.config import ConfigError, RunConfig, apply_overrides
 from solrl.engine import data_parallel as ddp
 from solrl.engine.checkpoint import latest_checkpoint, load_adapters, load_rollout_adapter, saved_epochs
-from solrl.engine.evaluate import eval_prompt_set, eval_scorer, evaluate
+from solrl.engine.evaluate import eval_prompt_set, eval_scorer, evaluate, is_flat
 from solrl.engine.update import Batch, NFTTrainer, build_trainer
 from solrl.models import load_model
 from solrl.models.base import T2IModel
@@ -78,6 +78,8 @@ class Session:
     eval_prompts: list[str]      # the first eval.prompts of prompts.eval
     version: int = 0
     _eval_scorer: Any = None     # built on the first evaluation
+    _references: Any = None      # monitor.reference_rewards' scorers, built with it
+    stopped: str | None = None   # why a monitor alarm ended the run early (monitor.stop)
     proxy: Any = None            # ProxyController when rollout.explore_precision.backend is "auto"
     calibrations: list | None = None
     local_explorer: bool = True  # False: the explorer services sample (the trainer tells them the proxy)
@@ -351,6 +353,8 @@ class Session:
         rec["rollout.reward_mean"] = float(np.mean(data_r))
         rec["rollout.reward_std"] = float(np.std(data_r))
         by_prompt = np.asarray(data_r).reshape(len(prompts), -1)  # [P, k] trained rewards
+        images = ex.generated.images[kept_flat] if not s.samples_bf16 else rg.images[flat]
+        rec.update(rollout_monitors(images, by_prompt))
         if s.selects:
             rec.update(selection_contrast(by_prompt, r.selection))
         rec.update(trained_spread(by_prompt))
@@ -373,12 +377,13 @@ class Session:
         e = self.cfg.eval
         if self._eval_scorer is None:
             self._eval_scorer = eval_scorer(self.cfg, self.scorer)
+            self._references = {name: build_reward(name) for name in self.cfg.monitor.reference_rewards}
         prompts = (self.eval_prompts if not n_prompts or n_prompts == e.prompts
                    else eval_prompt_set(self.cfg.prompts.eval, n_prompts))
         with self.adapters.use("ema"):
             return evaluate(self.model, self.model.transformer, steps or e.steps, prompts,
                             seeds_per_prompt or e.seeds_per_prompt, e.seed, self.sampler, self._eval_scorer,
-                            self.cfg.rollout.micro_batch, self.cache)
+                            self.cfg.rollout.micro_batch, self.cache, references=self._references)
 
 
 def _calibration_line(cal: dict[str, Any]) -> str:
@@ -386,6 +391,15 @@ def _calibration_line(cal: dict[str, Any]) -> str:
     met = "meets" if cal["met_target"] else "is the best tau; none meets"
     return (f"adaptive proxy (calibration {cal['index']}, {cal['device']} costs): {rows} -> {cal['chosen']} "
             f"({met} the target {cal['target']})")
+
+
+def rollout_monitors(images: np.ndarray, by_prompt: np.ndarray) -> dict[str, float]:
+    """The trained rollouts' blank canvases (solrl/engine/monitors.py): `rollout.flat_share` over all of them and
+    `rollout.best_flat_share` over each prompt's better half by reward, where a ranking that favours a hack puts it."""
+    flat = is_flat(images).reshape(by_prompt.shape)
+    order = np.argsort(-by_prompt, axis=1, kind="stable")[:, : max(1, by_prompt.shape[1] // 2)]
+    return {"rollout.flat_share": float(flat.mean()),
+            "rollout.best_flat_share": float(np.take_along_axis(flat, order, axis=1).mean())}
 
 
 def selection_contrast(kept_rewards: np.ndarray, selection: str) -> dict[str, float]:

@@ -23,8 +23,11 @@ from solrl.dashboard import run_state
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("SOLRL_TEST_ARTIFACTS", ROOT / "test-artifacts"))  # git-ignored
 TINY = ["epochs=3", "eval.every=1", "tensorboard=false", "rollout.prompts_per_epoch=2", "rollout.pool=6",
-        "rollout.kept=4", "eval.prompts=2", "eval.seeds_per_prompt=1", "lora.rank=4", "lora.alpha=8",
-        "train.micro_batch=8", "threads=1", "name=dash-test"]
+        "rollout.kept=4", "eval.prompts=2", "eval.seeds_per_prompt=2", "lora.rank=4", "lora.alpha=8",
+        "train.micro_batch=8", "threads=1", "name=dash-test",
+        # the reward-hacking monitors: a reference reward the run does not train on, and a diversity floor no
+        # evaluation meets (an RMS distance of 252 of 255 between seeds), so every evaluation after training alarms
+        'monitor.reference_rewards=["jpeg_compressibility"]', "monitor.diversity_min=0.99"]
 
 
 def chromium() -> str:
@@ -92,6 +95,15 @@ def test_the_page_follows_a_running_training(tmp_path) -> None:
             legend = page.inner_text("#legend-loss")
             assert f"loss {recs[-1]['train.loss']:.4f}" in legend
             assert page.locator("#chart-stages polyline").count() >= 3  # explore, regenerate, train, eval, sync
+            monitors = page.evaluate("Object.fromEntries([...document.querySelectorAll('#chart-monitor polyline')]"
+                                     ".map(e => [e.dataset.series, Number(e.dataset.points)]))")
+            assert monitors == {"eval.flat_share": 4, "eval.duplicate_share": 4, "eval.diversity": 4,
+                                "rollout.flat_share": 3, "eval.ref.jpeg_compressibility": 4}
+            assert f"reference jpeg_compressibility {recs[-1]['eval.ref.jpeg_compressibility']:.4f}" in \
+                page.inner_text("#legend-monitor")
+            assert [r["monitor.alarms"] for r in recs[1:]] == [1, 1, 1]
+            assert page.evaluate("document.getElementById('alarms').dataset.alarms") == "3"
+            assert page.inner_text("#alarms") == "alarms at epochs 1, 2, 3"
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)  # kept for a person to look at
             assert (ARTIFACTS / "dashboard.png").stat().st_size > 10_000
