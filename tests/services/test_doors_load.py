@@ -10,10 +10,13 @@ import http.client
 import os
 import socket
 import statistics
+import threading
 import time
 
 import numpy as np
 import tritonclient.http as thttp
+
+from services.common.batching import DynamicBatcher, queue_timer
 
 PROMPTS = ["a red circle", "two blue squares"]
 IMAGES = np.zeros((2, 32, 32, 3), np.uint8)
@@ -72,3 +75,44 @@ def test_rest_connections_have_nodelay_and_answer_without_the_delayed_ack_stall(
         waits.append(time.perf_counter() - t0)
     client.close()
     assert statistics.median(waits[2:]) < 0.030, f"median {statistics.median(waits[2:]) * 1000:.1f} ms an infer"
+
+
+# ---------------------------------------------------------------------- the batcher
+
+def test_a_lone_request_goes_at_once_and_concurrent_ones_still_share_calls() -> None:
+    calls: list[int] = []
+
+    def fn(items, meta):
+        calls.append(len(items))
+        time.sleep(0.02)
+        return items.sum(axis=1)
+
+    batcher = DynamicBatcher(fn, max_batch=64, max_delay_s=0.2)   # a long delay: any wait for company shows
+    try:
+        def lone(n: int) -> list[float]:
+            out = []
+            for i in range(n):
+                with queue_timer() as waits:
+                    assert batcher(np.full((1, 3), i, np.float32), ["m"])[0] == 3 * i
+                out.append(sum(waits))
+            return out
+
+        assert max(lone(5)) < 0.1   # each alone: no 0.2 s wait for requests that cannot come
+        calls.clear()
+        barrier = threading.Barrier(8)
+
+        def client() -> None:
+            barrier.wait()
+            for _ in range(6):
+                batcher(np.ones((1, 3), np.float32), ["m"])
+
+        threads = [threading.Thread(target=client) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sum(calls) == 48 and len(calls) <= 24, f"48 requests in {len(calls)} calls: {calls}"
+        # load gone: at most the first lone request waits (for the company the last call had), then none
+        assert max(lone(4)[1:]) < 0.1
+    finally:
+        batcher.close()
