@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from services.common.budget import BudgetMiddleware, InflightBudget
 from services.common.metrics import ServiceMetrics
 
 
@@ -64,7 +65,8 @@ class HttpServer:
     """uvicorn serving an app from a background thread; signals stay with the caller. Every connection has
     TCP_NODELAY (NoDelayHTTPProtocol)."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0,
+                 budget: InflightBudget | None = None) -> None:
         if not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -73,7 +75,9 @@ class HttpServer:
         except OSError as exc:
             raise OSError(f"cannot bind the HTTP server to {host}:{port}: {exc}") from None
         self.host, self.port = host, self._sock.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+        # with a budget, every request holds a lease on it until answered (services.common.budget)
+        served = app if budget is None else BudgetMiddleware(app, budget)
+        self._server = uvicorn.Server(uvicorn.Config(served, log_level="warning", access_log=False, lifespan="off",
                                                     http=NoDelayHTTPProtocol))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                         name="ops-http", daemon=True)

@@ -13,10 +13,19 @@ import statistics
 import threading
 import time
 
+import grpc
+import httpx
 import numpy as np
+import pytest
 import tritonclient.http as thttp
 
 from services.common.batching import DynamicBatcher, queue_timer
+from services.common.metrics import ServiceMetrics
+from services.common.tensors import numpy_to_tensor
+from services.reward.dataplane import RewardDataPlane
+from services.reward.server import start
+from solrl.pb.solrl.reward.v1 import reward_pb2, reward_pb2_grpc
+from tests.services.test_hostile_doors import zeros_stream
 
 PROMPTS = ["a red circle", "two blue squares"]
 IMAGES = np.zeros((2, 32, 32, 3), np.uint8)
@@ -47,7 +56,8 @@ def server_socket_of(client: socket.socket) -> socket.socket:
 def test_rest_connections_have_nodelay_and_answer_without_the_delayed_ack_stall(reward_service) -> None:
     port = reward_service.http.port
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.connect()
+    conn.request("GET", "/v2/health/live")   # answered: the server has set up its end of the connection
+    assert conn.getresponse().read() == b'{"live":true}'
     server = server_socket_of(conn.sock)
     try:   # uvicorn writes headers and body in two sends: without TCP_NODELAY the body waits for the client's ACK
         assert server.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
@@ -116,3 +126,125 @@ def test_a_lone_request_goes_at_once_and_concurrent_ones_still_share_calls() -> 
         assert max(lone(4)[1:]) < 0.1
     finally:
         batcher.close()
+
+
+# ---------------------------------------------------------------------- the memory budget
+
+LIMIT = 4 << 20        # --max-request-bytes of the service below
+BUDGET = 6 << 20       # its budget for the requests in flight, both doors
+
+
+@pytest.fixture(scope="module")
+def budgeted():
+    metrics = ServiceMetrics("reward")
+    plane = RewardDataPlane.build(["shapes"], max_delay_ms=1.0, observe=metrics.observe_batch)
+    svc = start(plane, metrics, host="127.0.0.1", max_request_bytes=LIMIT, max_inflight_bytes=BUDGET)
+    yield svc
+    svc.stop(grace=0.5)
+
+
+def raw_head(port: int, length: int, extra: str = "") -> socket.socket:
+    """A connection that sent an infer request's headers declaring `length` body bytes, and no body yet."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(f"POST /v2/models/shapes/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+              f"Content-Length: {length}\r\n{extra}\r\n".encode())
+    return s
+
+
+def read_answer(s: socket.socket) -> tuple[int, str]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.lower().split(b"\r\n") if line.startswith(b"content-length"))
+    while len(rest) < length:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return int(head.split()[1]), head.decode() + "\n" + rest.decode(errors="replace")
+
+
+def drained(budget, timeout_s: float = 5.0) -> bool:
+    """Whether every lease comes back (a lease is given back just after its answer is sent)."""
+    deadline = time.monotonic() + timeout_s
+    while budget.used and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return budget.used == 0
+
+
+def big_valid() -> tuple[np.ndarray, list[str]]:
+    images = np.zeros((9, 256, 256, 3), np.uint8)   # 1.7 MiB: fits the budget's room only when it is free
+    return images, ["a red circle"] * len(images)
+
+
+def test_the_budget_bounds_both_doors_together_and_refuses_at_once(budgeted) -> None:
+    port, budget = budgeted.http.port, budgeted.budget
+    assert budget.limit == BUDGET and budget.used == 0
+    holder = raw_head(port, 5 << 20)   # holds 5 MiB of the 6 (declared, charged before a byte is read)
+    try:
+        deadline = time.monotonic() + 5
+        while budget.used < 5 << 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert budget.used == 5 << 20
+        # REST: a 2 MiB body does not fit: 503 with Retry-After at once, before its body is sent
+        s = raw_head(port, 2 << 20)
+        t0 = time.perf_counter()
+        status, text = read_answer(s)
+        s.close()
+        assert status == 503 and "retry-after: 1" in text.lower() and "requests in flight" in text, text
+        assert time.perf_counter() - t0 < 1.0
+        # gRPC: the same budget; RESOURCE_EXHAUSTED with a retry-after trailer
+        images, prompts = big_valid()
+        with grpc.insecure_channel(budgeted.grpc.address) as ch:
+            stub = reward_pb2_grpc.RewardStub(ch)
+            request = reward_pb2.ScoreRequest(reward="shapes", images=numpy_to_tensor(images), prompts=prompts)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Score(request, timeout=10)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "requests in flight" in err.value.details()
+            assert ("retry-after", "1") in tuple(err.value.trailing_metadata())
+            # a small request still fits beside the holder (the budget is bytes, not requests)
+            small = reward_pb2.ScoreRequest(reward="shapes", images=numpy_to_tensor(IMAGES), prompts=PROMPTS)
+            assert len(stub.Score(small, timeout=10).scores) == 2
+            holder.close()   # the held request goes: its lease is given back
+            assert drained(budget)
+            assert len(stub.Score(request, timeout=30).scores) == len(images)
+        r = httpx.post(f"http://127.0.0.1:{port}/v2/models/shapes/infer", timeout=30, json={"inputs": [
+            {"name": "IMAGES", "shape": [2, 32, 32, 3], "datatype": "UINT8", "data": IMAGES.ravel().tolist()},
+            {"name": "PROMPTS", "shape": [2], "datatype": "BYTES", "data": PROMPTS}]})
+        assert r.status_code == 200 and len(r.json()["outputs"][0]["data"]) == 2
+    finally:
+        holder.close()
+    assert drained(budget)
+
+
+def test_concurrent_bombs_share_the_budget_and_a_valid_request_follows(budgeted) -> None:
+    port, budget = budgeted.http.port, budgeted.budget
+    bomb = zeros_stream(64 << 20, 31)   # ~64 KB of gzip that inflates to 16 x the request limit
+    statuses: list[tuple[int, str | None]] = []
+    barrier = threading.Barrier(8)
+
+    def send() -> None:
+        barrier.wait()
+        r = httpx.post(f"http://127.0.0.1:{port}/v2/models/shapes/infer", content=bomb, timeout=60,
+                       headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+        statuses.append((r.status_code, r.headers.get("retry-after")))
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(statuses) == 8
+    for status, retry in statuses:   # over its own limit (413), or refused while the budget was full (503)
+        assert status in (413, 503) and (status == 413 or retry == "1"), statuses
+    assert drained(budget)
+    t0 = time.perf_counter()
+    r = httpx.post(f"http://127.0.0.1:{port}/v2/models/shapes/infer", timeout=30, json={"inputs": [
+        {"name": "IMAGES", "shape": [2, 32, 32, 3], "datatype": "UINT8", "data": IMAGES.ravel().tolist()},
+        {"name": "PROMPTS", "shape": [2], "datatype": "BYTES", "data": PROMPTS}]})
+    assert r.status_code == 200 and time.perf_counter() - t0 < 1.0
