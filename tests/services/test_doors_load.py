@@ -111,17 +111,20 @@ def test_a_lone_request_goes_at_once_and_concurrent_ones_still_share_calls() -> 
         calls.clear()
         barrier = threading.Barrier(8)
 
-        def client() -> None:
+        def client(i: int) -> None:
             barrier.wait()
+            time.sleep(0.0 if i < 4 else 0.01)   # half of them arrive while the first call runs
             for _ in range(6):
                 batcher(np.ones((1, 3), np.float32), ["m"])
 
-        threads = [threading.Thread(target=client) for _ in range(8)]
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        assert sum(calls) == 48 and len(calls) <= 24, f"48 requests in {len(calls)} calls: {calls}"
+        # 8 clients, each sending its next request as soon as it is answered: the calls hold (nearly) all 8, not
+        # two halves taking turns (what waiting for as many as the previous call served settles into)
+        assert sum(calls) == 48 and len(calls) <= 9, f"48 requests in {len(calls)} calls: {calls}"
         # load gone: at most the first lone request waits (for the company the last call had), then none
         assert max(lone(4)[1:]) < 0.1
     finally:
@@ -248,3 +251,28 @@ def test_concurrent_bombs_share_the_budget_and_a_valid_request_follows(budgeted)
         {"name": "IMAGES", "shape": [2, 32, 32, 3], "datatype": "UINT8", "data": IMAGES.ravel().tolist()},
         {"name": "PROMPTS", "shape": [2], "datatype": "BYTES", "data": PROMPTS}]})
     assert r.status_code == 200 and time.perf_counter() - t0 < 1.0
+
+
+def test_the_reward_client_retries_a_refusal_of_the_budget(budgeted) -> None:
+    from services.rollout.plane import RemoteScorer
+
+    port, budget = budgeted.http.port, budgeted.budget
+    holder = raw_head(port, 5 << 20)
+    deadline = time.monotonic() + 5
+    while budget.used < 5 << 20 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    images, prompts = big_valid()
+    scorer = RemoteScorer(budgeted.grpc.address, "shapes", timeout_s=30)
+    got: list = []
+    worker = threading.Thread(target=lambda: got.append(scorer(images, prompts)))
+    try:
+        worker.start()
+        time.sleep(1.5)   # refused (retry-after 1 s) at least once while the holder holds the budget
+        assert not got and budget.refused >= 1
+        holder.close()
+        worker.join(30)
+        assert len(got) == 1 and got[0].shape == (len(images),)
+    finally:
+        holder.close()
+        scorer.close()
+    assert drained(budget)
