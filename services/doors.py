@@ -14,14 +14,17 @@ the explorer's `explore` model (the server draws the seeds; the answer carries t
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +232,246 @@ def run(out: Path, small: bool = False, tag: str = "", doors: tuple[str, ...] = 
     name = f"doors-{tag}" if tag else "doors"
     return write_results(out, name, {"settings": settings, "rows": rows, "summary": summ},
                          markdown(rows, summ, settings))
+
+
+# ------------------------------------------------------------------ hostile load: a burst and a soak
+
+def gzip_zeros(n: int) -> bytes:
+    """`n` zero bytes (a multiple of 1 MiB) as a gzip stream, built from one compressed MiB repeated (a full
+    flush after each makes every MiB compress to the same bytes): 1 GiB is about 1 MB of gzip."""
+    mib = bytes(1 << 20)
+    c = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)
+    block = c.compress(mib) + c.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(n >> 20):
+        crc = zlib.crc32(mib, crc)
+    return (gzip.compress(b"")[:10] + block * (n >> 20) + c.flush() + crc.to_bytes(4, "little")
+            + (n & 0xFFFFFFFF).to_bytes(4, "little"))
+
+
+def _status_kb(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {key} for pid {pid}")
+
+
+def _valid_json(rid: str = "") -> dict[str, Any]:
+    inputs = reward_inputs()["data"][0]
+    return {**({"id": rid} if rid else {}), "inputs": [
+        {"name": "IMAGES", "shape": inputs["IMAGES"]["shape"], "datatype": "UINT8",
+         "data": inputs["IMAGES"]["content"]},
+        {"name": "PROMPTS", "shape": inputs["PROMPTS"]["shape"], "datatype": "BYTES",
+         "data": inputs["PROMPTS"]["content"]}]}
+
+
+def burst(n: int = 64, gzip_bytes: int = 3 << 19, workdir: Path | None = None,
+          args: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`n` gzip bodies of about `gzip_bytes` each (zeros, each inflating far past the request limit) sent at once
+    to a reward service process (its defaults, or `args`); its peak resident memory (VmHWM) before and after,
+    the answers' statuses, and how long a valid request takes right after."""
+    import httpx
+
+    bomb = gzip_zeros((gzip_bytes // 1030) << 20)   # a MiB of zeros deflates to ~1 KB
+    with tempfile.TemporaryDirectory(prefix="solrl-burst-") as tmp:
+        door = Door("reward", "shapes", ["--rewards", "shapes", *args], Path(workdir or tmp) / "reward.log")
+        try:
+            url = f"http://127.0.0.1:{door.http_port}/v2/models/shapes/infer"
+            with httpx.Client(timeout=60) as c:   # warm: valid requests on both doors
+                for _ in range(3):
+                    assert c.post(url, json=_valid_json()).status_code == 200
+            baseline = _status_kb(door.proc.pid, "VmHWM")
+            statuses: list[int] = []
+            barrier = threading.Barrier(n)
+
+            def send() -> None:
+                with httpx.Client(timeout=300) as c:
+                    barrier.wait()
+                    r = c.post(url, content=bomb, headers={"Content-Encoding": "gzip",
+                                                           "Content-Type": "application/json"})
+                    statuses.append(r.status_code)
+
+            threads = [threading.Thread(target=send) for _ in range(n)]
+            t0 = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            burst_s = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            with httpx.Client(timeout=60) as c:
+                valid = c.post(url, json=_valid_json())
+            after_s = time.perf_counter() - t1
+            peak = _status_kb(door.proc.pid, "VmHWM")
+        finally:
+            door.stop()
+    counts = {str(s): statuses.count(s) for s in sorted(set(statuses))}
+    return {"requests": n, "gzip_bytes": len(bomb), "baseline_mb": baseline / 1024, "peak_mb": peak / 1024,
+            "growth_mb": (peak - baseline) / 1024, "statuses": counts, "burst_s": burst_s,
+            "valid_after_status": valid.status_code, "valid_after_s": after_s}
+
+
+def soak(seconds: float = 45.0, concurrency: int = 16, warmup_s: float = 10.0, workdir: Path | None = None,
+         sample_s: float = 0.5) -> dict[str, Any]:
+    """`concurrency` clients for `seconds` against a reward service process, each cycling through valid requests
+    (tritonclient.http and tritonclient.grpc, each with its own id, checked in the answer) and invalid ones (bad
+    JSON, an unknown model, a wrong datatype on gRPC, a truncated gzip body), with its resident memory sampled
+    every `sample_s`. The result: the memory curve, its growth after `warmup_s` (the mean of the last 5 s over the
+    mean of the 5 s after the warm-up), and the answers by kind: every request must get exactly one answer, the
+    valid ones with their own id, the invalid ones a 4xx / INVALID_ARGUMENT / NOT_FOUND, none a 5xx."""
+    import httpx
+    import tritonclient.grpc as tgrpc
+    import tritonclient.http as thttp
+    from tritonclient.utils import InferenceServerException
+
+    data = reward_inputs()["data"][0]
+    images = np.asarray(data["IMAGES"]["content"], np.uint8).reshape(data["IMAGES"]["shape"])
+    prompts = np.array([p.encode() for p in data["PROMPTS"]["content"]], dtype=object)
+    truncated = gzip.compress(json.dumps(_valid_json()).encode())[:-20]
+    kinds = ("rest", "grpc", "bad_json", "unknown_model", "grpc_bad_type", "truncated_gzip")
+    tally = {k: {"sent": 0, "expected": 0, "unexpected": 0} for k in kinds}
+    problems: list[str] = []
+    ids: list[str] = []
+    lock, stop = threading.Lock(), threading.Event()
+    with tempfile.TemporaryDirectory(prefix="solrl-soak-") as tmp:
+        door = Door("reward", "shapes", ["--rewards", "shapes"], Path(workdir or tmp) / "reward.log")
+        curve: list[tuple[float, float]] = []
+        t_start = time.perf_counter()
+
+        def sample() -> None:
+            while not stop.is_set():
+                curve.append((time.perf_counter() - t_start, _status_kb(door.proc.pid, "VmRSS") / 1024))
+                stop.wait(sample_s)
+
+        def client(w: int) -> None:
+            rest = thttp.InferenceServerClient(door.url("http"), network_timeout=120, connection_timeout=120)
+            grpc_c = tgrpc.InferenceServerClient(door.url("grpc"))
+            http = httpx.Client(base_url=f"http://{door.url('http')}", timeout=120)
+            i = 0
+            try:
+                while not stop.is_set():
+                    kind, rid = kinds[(w + i) % len(kinds)], f"{w}-{i}"
+                    i += 1
+                    ok, why = _one(kind, rid, rest, grpc_c, http, images, prompts, truncated,
+                                   thttp, tgrpc, InferenceServerException)
+                    with lock:
+                        tally[kind]["sent"] += 1
+                        tally[kind]["expected" if ok else "unexpected"] += 1
+                        if kind in ("rest", "grpc"):
+                            ids.append(rid)
+                        if not ok and len(problems) < 20:
+                            problems.append(f"{kind} {rid}: {why}")
+            finally:
+                rest.close()
+                grpc_c.close()
+                http.close()
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        workers = [threading.Thread(target=client, args=(w,)) for w in range(concurrency)]
+        try:
+            sampler.start()
+            for t in workers:
+                t.start()
+            stop.wait(seconds)
+            stop.set()
+            for t in workers:
+                t.join(180)
+            sampler.join(5)
+            alive = door.proc.poll() is None
+        finally:
+            stop.set()
+            door.stop()
+    after = [m for t, m in curve if warmup_s <= t < warmup_s + 5]
+    last = [m for t, m in curve if t >= curve[-1][0] - 5]
+    growth = (sum(last) / len(last)) / (sum(after) / len(after)) - 1 if after and last else float("nan")
+    return {"seconds": seconds, "concurrency": concurrency, "warmup_s": warmup_s, "tally": tally,
+            "answers": sum(k["sent"] for k in tally.values()), "unexpected": sum(k["unexpected"] for k in tally.values()),
+            "duplicate_ids": len(ids) - len(set(ids)), "problems": problems, "alive": alive,
+            "rss_growth_after_warmup": growth, "rss_curve_mb": [(round(t, 1), round(m, 1)) for t, m in curve]}
+
+
+def _one(kind, rid, rest, grpc_c, http, images, prompts, truncated, thttp, tgrpc, error) -> tuple[bool, str]:
+    """One soak request of `kind`; whether its answer is the one expected, and if not, what came."""
+    try:
+        if kind in ("rest", "grpc"):
+            mod, client = (thttp, rest) if kind == "rest" else (tgrpc, grpc_c)
+            a = mod.InferInput("IMAGES", list(images.shape), "UINT8")
+            a.set_data_from_numpy(images)
+            b = mod.InferInput("PROMPTS", [len(prompts)], "BYTES")
+            b.set_data_from_numpy(prompts)
+            res = client.infer("shapes", [a, b], request_id=rid)
+            got = res.get_response()["id"] if kind == "rest" else res.get_response().id
+            scores = res.as_numpy("SCORES")
+            return (got == rid and scores is not None and scores.shape == (len(prompts),)), f"id {got!r}"
+        if kind == "grpc_bad_type":
+            a = tgrpc.InferInput("IMAGES", list(images.shape), "FP32")
+            a.set_data_from_numpy(images.astype(np.float32))
+            b = tgrpc.InferInput("PROMPTS", [len(prompts)], "BYTES")
+            b.set_data_from_numpy(prompts)
+            try:
+                grpc_c.infer("shapes", [a, b], request_id=rid)
+            except error as exc:
+                return "INVALID_ARGUMENT" in str(exc.status()) and "IMAGES" in exc.message(), str(exc)
+            return False, "answered"
+        if kind == "bad_json":
+            r = http.post("/v2/models/shapes/infer", content=b'{"inputs": [', headers={"Content-Type": "application/json"})
+            return r.status_code == 400 and "not JSON" in r.json()["error"], f"{r.status_code} {r.text[:200]}"
+        if kind == "unknown_model":
+            r = http.post("/v2/models/no_such_reward/infer", json=_valid_json(rid))
+            return r.status_code == 404, f"{r.status_code} {r.text[:200]}"
+        r = http.post("/v2/models/shapes/infer", content=truncated,
+                      headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+        return r.status_code == 400 and "decompress" in r.json()["error"], f"{r.status_code} {r.text[:200]}"
+    except Exception as exc:  # noqa: BLE001 - any failure of the exchange is an unexpected answer, counted
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+def _soak_markdown(r: dict[str, Any]) -> str:
+    curve = r["rss_curve_mb"]
+    step = max(1, len(curve) // 20)
+    lines = [f"A reward service process (`--rewards shapes`, its defaults) under {r['concurrency']} clients for "
+             f"{r['seconds']:g} s, each cycling through valid requests (tritonclient.http, tritonclient.grpc; each "
+             "answer checked for its own request id and 8 scores) and invalid ones (bad JSON, an unknown model, a "
+             "wrong datatype on gRPC, a truncated gzip body). The machine is shared with other work.", "",
+             f"- answers: {r['answers']}, unexpected: {r['unexpected']} (a 5xx, a wrong status or id, a lost "
+             f"answer), duplicated ids: {r['duplicate_ids']}, service alive at the end: {r['alive']}",
+             f"- resident memory after the {r['warmup_s']:g} s warm-up: {100 * r['rss_growth_after_warmup']:+.1f}% "
+             "(mean of the last 5 s over the 5 s after the warm-up)", "",
+             "| kind | sent | as expected | unexpected |", "|---|---|---|---|"]
+    lines += [f"| {k} | {v['sent']} | {v['expected']} | {v['unexpected']} |" for k, v in r["tally"].items()]
+    lines += ["", "Resident memory (MB) over time (s):", "", "| s | MB |", "|---|---|"]
+    lines += [f"| {t:g} | {m:.1f} |" for t, m in curve[::step]]
+    return "\n".join(lines) + "\n"
+
+
+def _burst_markdown(r: dict[str, Any]) -> str:
+    return (f"{r['requests']} gzip bodies of {r['gzip_bytes'] / 1e6:.2f} MB each (zeros, each inflating far past "
+            f"the request limit) sent at once to a reward service process (`--rewards shapes`, its defaults: "
+            f"256 MiB a request, a budget of 257 MiB for the requests in flight).\n\n"
+            f"- peak resident memory (VmHWM): {r['baseline_mb']:.0f} MB warm, {r['peak_mb']:.0f} MB after the "
+            f"burst (+{r['growth_mb']:.0f} MB)\n- answers: {r['statuses']} in {r['burst_s']:.1f} s\n"
+            f"- a valid request right after: {r['valid_after_status']} in {1000 * r['valid_after_s']:.0f} ms\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m services.doors soak|burst --out DIR`: the long soak and the burst as benchmarks."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m services.doors")
+    p.add_argument("what", choices=("soak", "burst"))
+    p.add_argument("--out", required=True)
+    p.add_argument("--seconds", type=float, default=600.0, help="soak: how long")
+    p.add_argument("--concurrency", type=int, default=16, help="soak: clients at once")
+    a = p.parse_args(argv)
+    if a.what == "soak":
+        r = soak(a.seconds, a.concurrency, warmup_s=30.0)
+        write_results(Path(a.out), "doors-soak", r, _soak_markdown(r))
+    else:
+        r = burst()
+        write_results(Path(a.out), "doors-burst", r, _burst_markdown(r))
+    print(json.dumps({k: v for k, v in r.items() if k != "rss_curve_mb"}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
