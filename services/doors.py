@@ -98,13 +98,15 @@ def _free_port() -> int:
 class Door:
     """A service process serving one door's model on free loopback ports."""
 
-    def __init__(self, role: str, model: str, args: list[str], log: Path, timeout_s: float = 180.0) -> None:
+    def __init__(self, role: str, model: str, args: list[str], log: Path, timeout_s: float = 180.0,
+                 root: Path = ROOT) -> None:
         self.role, self.model = role, model
         self.grpc_port, self.http_port = _free_port(), _free_port()
         cmd = [sys.executable, "-m", f"services.{role}.server", "--host", "127.0.0.1",
                "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port), *args]
         self._log = open(log, "w")   # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+        # run from `root`: its own `services` and `solrl` come first on the path (another checkout: an A/B)
+        self.proc = subprocess.Popen(cmd, cwd=root, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:
@@ -453,16 +455,121 @@ def _burst_markdown(r: dict[str, Any]) -> str:
             f"- a valid request right after: {r['valid_after_status']} in {1000 * r['valid_after_s']:.0f} ms\n")
 
 
+def ab(before_root: Path, out: Path, rounds: int = 2, concurrency: tuple[int, ...] = (1, 16),
+       interval_ms: int = 3000) -> dict[str, Any]:
+    """The reward door served by another checkout (`before_root`, e.g. a worktree of the commit before a change)
+    and by this one, alternated `rounds` times, each at `concurrency` over gRPC and REST: a before / after pair
+    measured under the same load of a shared machine. Writes out/doors-ab.md and .json."""
+    binary, env = perf_env()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="solrl-doors-ab-") as tmp:
+        work = Path(tmp)
+        data = work / "reward.json"
+        data.write_text(json.dumps(reward_inputs()))
+        for r in range(rounds):
+            for side, root in (("before", Path(before_root)), ("after", ROOT)):
+                door = Door("reward", "shapes", ["--rewards", "shapes"], work / f"{side}.log", root=root)
+                try:
+                    for c in concurrency:
+                        for protocol in ("grpc", "http"):
+                            row = measure(binary, env, door, protocol, c, data, interval_ms, work)
+                            rows.append({**row, "side": side, "round": r})
+                finally:
+                    door.stop()
+    lines = [f"The reward door (`shapes`, 8 renders of 32x32 a request) served by the code before (`{before_root}`) "
+             f"and after, alternated {rounds} times, perf_analyzer {interval_ms} ms windows; the machine is shared "
+             "with other work.", "",
+             "| round | code | protocol | concurrency | requests/s | p50 ms | p99 ms | mean ms | server ms | queue ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        if "error" in x:
+            lines.append(f"| {x['round']} | {x['side']} | {x['protocol']} | {x['concurrency']} | {x['error']} |"
+                         + " |" * 5)
+            continue
+        lines.append(f"| {x['round']} | {x['side']} | {'REST' if x['protocol'] == 'http' else 'gRPC'} | "
+                     f"{x['concurrency']} | {x['throughput']:.1f} | " + " | ".join(
+                         f"{x[k] / 1000:.2f}" for k in ("p50_us", "p99_us", "avg_us", "server_us", "queue_us")) + " |")
+    return write_results(out, "doors-ab", {"before_root": str(before_root), "rows": rows}, "\n".join(lines))
+
+
+def batcher_ab(before_root: Path, out: Path, rounds: int = 2, seconds: float = 3.0,
+               concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[str, Any]:
+    """The dynamic batcher alone, `before_root`'s against this checkout's, alternated: a batch function whose time
+    grows with its items and takes no CPU (a sleep of 2 ms + 0.5 ms an item), so the machine's other work does not
+    decide; synchronous clients of 8 items a request, max_batch 64, 5 ms delay. Writes out/doors-batcher-ab.md."""
+    import importlib.util
+    import statistics
+
+    def load(path: Path, name: str) -> Any:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+
+    mods = {"before": load(Path(before_root) / "services/common/batching.py", "solrl_batching_before"),
+            "after": load(ROOT / "services/common/batching.py", "solrl_batching_after")}
+
+    def one(mod: Any, c: int) -> dict[str, float]:
+        calls: list[int] = []
+
+        def fn(items: np.ndarray, meta: list) -> np.ndarray:
+            calls.append(len(items))
+            time.sleep(0.002 + 0.0005 * len(items))
+            return items.sum(axis=(1, 2, 3))
+
+        b = mod.DynamicBatcher(fn, max_batch=64, max_delay_s=0.005)
+        stop, done, waits = threading.Event(), [0] * c, []
+
+        def client(i: int) -> None:
+            x = np.zeros((8, 4, 4, 3), np.float32)
+            while not stop.is_set():
+                with mod.queue_timer() as w:
+                    b(x, ["p"] * 8)
+                waits.append(sum(w))
+                done[i] += 1
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(c)]
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+        b.close()
+        return {"throughput": sum(done) / seconds, "queue_ms": statistics.mean(waits) * 1000,
+                "requests_per_call": sum(calls) / 8 / len(calls)}
+
+    rows = [{"concurrency": c, "round": r, "side": side, **one(mods[side], c)}
+            for c in concurrency for r in range(rounds) for side in ("before", "after")]
+    lines = [f"The dynamic batcher alone (services/common/batching.py), the code before (`{before_root}`) and after, "
+             "alternated: a batch function of 2 ms + 0.5 ms an item that takes no CPU (the machine's other work "
+             f"does not decide), synchronous clients of 8 items a request, max_batch 64, 5 ms delay, {seconds:g} s "
+             "each.", "", "| concurrency | round | code | requests/s | queue ms | requests a call |", "|---|---|---|---|---|---|"]
+    lines += [f"| {x['concurrency']} | {x['round']} | {x['side']} | {x['throughput']:.1f} | {x['queue_ms']:.2f} | "
+              f"{x['requests_per_call']:.1f} |" for x in rows]
+    return write_results(out, "doors-batcher-ab", {"before_root": str(before_root), "rows": rows}, "\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m services.doors soak|burst --out DIR`: the long soak and the burst as benchmarks."""
+    """`python -m services.doors soak|burst|ab --out DIR`: the long soak, the burst and a before / after pair."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m services.doors")
-    p.add_argument("what", choices=("soak", "burst"))
+    p.add_argument("what", choices=("soak", "burst", "ab", "batcher-ab"))
+    p.add_argument("--before-root", default=None, help="ab: the checkout serving the 'before' side")
     p.add_argument("--out", required=True)
     p.add_argument("--seconds", type=float, default=600.0, help="soak: how long")
     p.add_argument("--concurrency", type=int, default=16, help="soak: clients at once")
     a = p.parse_args(argv)
+    if a.what == "batcher-ab":
+        batcher_ab(Path(a.before_root), Path(a.out))
+        print(Path(a.out, "doors-batcher-ab.md").read_text())
+        return 0
+    if a.what == "ab":
+        r = ab(Path(a.before_root), Path(a.out))
+        print(Path(a.out, "doors-ab.md").read_text())
+        return 0
     if a.what == "soak":
         r = soak(a.seconds, a.concurrency, warmup_s=30.0)
         write_results(Path(a.out), "doors-soak", r, _soak_markdown(r))
