@@ -84,7 +84,7 @@ def test_rest_connections_have_nodelay_and_answer_without_the_delayed_ack_stall(
         assert client.infer("shapes", [a, b]).as_numpy("SCORES").shape == (2,)
         waits.append(time.perf_counter() - t0)
     client.close()
-    assert statistics.median(waits[2:]) < 0.030, f"median {statistics.median(waits[2:]) * 1000:.1f} ms an infer"
+    assert statistics.median(waits[2:]) < 0.035, f"median {statistics.median(waits[2:]) * 1000:.1f} ms an infer"
 
 
 # ---------------------------------------------------------------------- the batcher
