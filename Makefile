@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export OMP_WAIT_POLICY ?= PASSIVE
 
-.PHONY: venv protos demo test test-slow test-all test-compose lint clean hpsv3-env
+.PHONY: venv protos demo test test-slow test-all test-compose lint clean hpsv3-env perf-env
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -55,6 +55,12 @@ test-all: protos lint
 # runs its reward service from there and skips, saying so, where it was not built (CI builds it: .ci/run)
 hpsv3-env: $(STAMP)
 	bash envs/hpsv3/install.sh
+
+# perf_analyzer, Triton's benchmark client (a binary in the tritonclient 2.34.0 wheel), in its own environment
+# .venv/perf, with Debian's libb64-0d it links against: what `solrl bench doors` runs (services/doors.py)
+perf-env: $(STAMP)
+	dpkg -s libb64-0d >/dev/null 2>&1 || apt-get install -y -q libb64-0d
+	$(BIN)/python -c "from services.doors import perf_env; print(perf_env()[0])"
 
 # docker-compose.cpu.yml on a real Docker engine (docker SDK): build, up, 2 epochs + a trainer restart, down
 test-compose: protos

@@ -101,6 +101,15 @@ def add_request_limit(p: argparse.ArgumentParser, default: int) -> None:
     decompressed, of up to it plus MESSAGE_MARGIN); larger ones are refused with 413 / RESOURCE_EXHAUSTED."""
     p.add_argument("--max-request-bytes", type=int, default=default,
                    help=f"largest request accepted, gRPC or HTTP, decompressed (bytes; default {default})")
+    add_inflight_limit(p)
+
+
+def add_inflight_limit(p: argparse.ArgumentParser) -> None:
+    """--max-inflight-bytes: the service's budget for all the requests it holds at once (services.common.budget)."""
+    p.add_argument("--max-inflight-bytes", type=int, default=0,
+                   help="bytes all requests in flight may hold together, both doors, as received and decompressed; "
+                        "past it a request is refused at once (HTTP 503 + Retry-After, gRPC RESOURCE_EXHAUSTED) "
+                        "(default 0: the largest single request a door takes, plus 1 MiB)")
 
 
 def add_consumer_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:

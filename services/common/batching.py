@@ -1,8 +1,13 @@
 """A small dynamic batcher: concurrent requests share one call of a batch function.
 
 Written by hand (no library here does request batching for a plain callable): a worker thread takes
-the first waiting request, then collects more for up to `max_delay_s` or until `max_batch` items,
-makes one call on the concatenated batch and hands each caller its slice. Only requests whose items
+the first waiting request and every request already waiting behind it; it waits for more (up to `max_delay_s`,
+or until `max_batch` items) only while it holds fewer requests than were in flight at once (submitted, not yet
+answered) since the last call began: under load the clients just answered are sending their next requests,
+while a lone client has no company to wait for and goes at once (issue 58: it waited the whole delay, 5 ms a
+request). (Waiting for as many as the previous call served instead splits a steady load into two half batches
+that alternate for ever.)
+It makes one call on the concatenated batch and hands each caller its slice. Only requests whose items
 have the same trailing shape are concatenated; the others wait for the next call. A request larger
 than `max_batch` is called alone, never split. If a batched call fails, each request in it is
 retried alone so that one bad request fails only its own caller.
@@ -71,6 +76,8 @@ class DynamicBatcher:
         self.fn, self.max_batch, self.max_delay_s, self.observe = fn, max_batch, float(max_delay_s), observe
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._carry: deque[_Request] = deque()
+        self._inflight = 0   # requests submitted and not yet answered
+        self._company = 1    # the most in flight at once since the last call began: how many to wait for
         self._closed = threading.Event()
         self._lock = threading.Lock()  # orders submit() against close(): nothing is queued after the sentinel
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -94,6 +101,8 @@ class DynamicBatcher:
             if self._closed.is_set():
                 raise UnavailableError("the batcher is shut down")
             self._queue.put(req)
+            self._inflight += 1
+            self._company = max(self._company, self._inflight)
         return req
 
     def __call__(self, items: np.ndarray, meta: Sequence) -> np.ndarray:
@@ -125,13 +134,16 @@ class DynamicBatcher:
             return None
 
     def _collect(self, first: _Request) -> list[_Request]:
+        with self._lock:   # from here on, count who comes while this call collects and runs
+            expect, self._company = self._company, self._inflight
         batch, n = [first], len(first.items)
         deadline = time.monotonic() + self.max_delay_s
         skipped: list[_Request] = []
         while n < self.max_batch and not self._closed.is_set():
-            req = self._next(max(0.0, deadline - time.monotonic()))
+            wait = len(batch) + len(skipped) < expect   # others are on their way: wait for them
+            req = self._next(max(0.0, deadline - time.monotonic()) if wait else 0.0)
             if req is None:
-                if time.monotonic() >= deadline or self._closed.is_set():
+                if not wait or time.monotonic() >= deadline or self._closed.is_set():
                     break
                 continue
             if req.items.shape[1:] != first.items.shape[1:] or n + len(req.items) > self.max_batch:
@@ -157,6 +169,7 @@ class DynamicBatcher:
                 raise RuntimeError(f"batch function returned shape {list(out.shape)} for {len(items)} items")
         except Exception as exc:  # handed to the callers, not swallowed
             if len(batch) == 1:
+                self._answered(1)
                 batch[0].future.set_exception(exc)
             else:  # find the culprit(s): every request alone
                 for r in batch:
@@ -166,9 +179,14 @@ class DynamicBatcher:
             if self.observe is not None:
                 self.observe(len(batch), len(items), time.perf_counter() - t0)
         start = 0
+        self._answered(len(batch))
         for r in batch:
             r.future.set_result(out[start:start + len(r.items)])
             start += len(r.items)
+
+    def _answered(self, n: int) -> None:
+        with self._lock:
+            self._inflight -= n
 
     def _run(self) -> None:
         while not self._closed.is_set():

@@ -3,6 +3,8 @@ is read as a stream and refused as soon as it passes the limit, and a gzip / def
 as a stream with the limit on what it decompresses to (a few KiB of gzip can stand for GiBs of zeros).
 
 Shared by the REST doors (services.kserve.http) and the adapter pushes (services.rollout.adapter_endpoint).
+What a body decompresses to is charged, piece by piece before it is kept, to the request's lease on the service's
+budget for the requests in flight (services.common.budget; OverloadedError when it does not fit).
 Written by hand over zlib's `decompressobj(...).decompress(data, max_length)`: Starlette and uvicorn
 decompress no request bodies, and the decoders of HTTP clients (httpx, urllib3) are for responses.
 """
@@ -18,6 +20,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from services.common.budget import scope_lease
 from services.common.errors import BodyTimeoutError, TooLargeError
 
 # Content-Encoding -> zlib wbits: gzip's header and trailer, or the zlib format HTTP calls "deflate"
@@ -47,7 +50,8 @@ async def read_body(request: Request, max_bytes: int, *, decode: bool = False, w
     """The body of `request`, at most `max_bytes` (TooLargeError past it, before reading further), all of it
     within `timeout_s` (BodyTimeoutError). With `decode`, a gzip or deflate Content-Encoding is undone with
     `max_bytes` bounding the decompressed bytes too (ValueError for any other encoding, or bytes that do not
-    decompress)."""
+    decompress), each piece charged to the request's budget lease first (OverloadedError: the service's budget
+    for the requests in flight is full)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
         raise TooLargeError(f"{what}: Content-Length {declared} is over the limit of {max_bytes} bytes")
@@ -58,20 +62,31 @@ async def read_body(request: Request, max_bytes: int, *, decode: bool = False, w
         inflate = zlib.decompressobj(WBITS[encoding])
     else:
         raise ValueError(f"Content-Encoding: {encoding!r} is not supported (gzip, deflate)")
-    received, body = 0, bytearray()
+    lease = scope_lease(request.scope)
+    # the pieces, joined once at the end: a bytearray grown piece by piece is reallocated (copied) as it grows,
+    # which under many bodies at once took the peak well past the bytes held (issue 58's burst)
+    received, size, parts = 0, 0, []
     async for chunk in _chunks(request, timeout_s, what):
         received += len(chunk)
         if received > max_bytes:
             raise TooLargeError(f"{what}: over the limit of {max_bytes} bytes")
         if inflate is None:
-            body += chunk
+            parts.append(chunk)
+            size += len(chunk)
             continue
         try:
             while chunk:   # at most one byte past the limit per call: stop as soon as the output passes it
-                body += inflate.decompress(chunk, max_bytes + 1 - len(body))
-                if len(body) > max_bytes:
+                cap = max_bytes + 1 - size
+                if lease is not None:   # nor past the budget's room: a piece that does not fit is never kept
+                    cap = max(1, min(cap, lease.room() + 1 - size))
+                piece = inflate.decompress(chunk, cap)
+                if size + len(piece) > max_bytes:
                     raise TooLargeError(f"{what}: decompresses to over the limit of {max_bytes} bytes "
                                         f"(Content-Encoding {encoding})")
+                if lease is not None:   # the request holds what it inflated to (its compressed bytes are dropped)
+                    lease.cover(size + len(piece), what)
+                parts.append(piece)
+                size += len(piece)
                 chunk = inflate.unconsumed_tail
         except zlib.error as exc:
             raise ValueError(f"Content-Encoding {encoding}: the body does not decompress ({exc})") from None
@@ -79,7 +94,7 @@ async def read_body(request: Request, max_bytes: int, *, decode: bool = False, w
         raise ValueError(f"Content-Encoding {encoding}: the body does not decompress (truncated stream)")
     if inflate is not None and inflate.unused_data:
         raise ValueError(f"Content-Encoding {encoding}: {len(inflate.unused_data)} bytes after the compressed stream")
-    return bytes(body)
+    return b"".join(parts)
 
 
 def parse_json(data: bytes, what: str = "request body") -> Any:

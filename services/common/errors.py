@@ -21,13 +21,18 @@ class BodyTimeoutError(TimeoutError):
     DEADLINE_EXCEEDED (HTTP 408)."""
 
 
+class OverloadedError(RuntimeError):
+    """The service's budget for the requests in flight cannot take this one now (services.common.budget): a
+    transient refusal -> RESOURCE_EXHAUSTED with a retry-after trailer (HTTP 503 with Retry-After)."""
+
+
 class UnavailableError(RuntimeError):
     """The server cannot take the request now (shutting down, not ready) -> UNAVAILABLE."""
 
 
 def status_for(exc: BaseException) -> grpc.StatusCode:
     """The gRPC status code of an exception raised by a handler."""
-    if isinstance(exc, TooLargeError):
+    if isinstance(exc, (TooLargeError, OverloadedError)):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, BodyTimeoutError):
         return grpc.StatusCode.DEADLINE_EXCEEDED

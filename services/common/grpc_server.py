@@ -14,7 +14,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from services.common.auth import TokenInterceptor
-from services.common.errors import message_for, status_for
+from services.common.budget import RETRY_AFTER_S, InflightBudget
+from services.common.errors import OverloadedError, message_for, status_for
 from services.common.metrics import ServiceMetrics
 
 log = logging.getLogger(__name__)
@@ -57,11 +58,13 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
     A handler that set a status itself (context.abort / set_code) keeps it. A request whose bytes
     are not the method's message is INVALID_ARGUMENT. Streaming handlers (the health Watch,
-    reflection) come from the grpc libraries and pass through unwrapped.
+    reflection) come from the grpc libraries and pass through unwrapped. With a `budget`
+    (services.common.budget), each request message is charged to it for as long as its handler runs: one that
+    does not fit is refused before the handler with RESOURCE_EXHAUSTED and a `retry-after` trailer.
     """
 
-    def __init__(self, metrics: ServiceMetrics | None = None) -> None:
-        self.metrics = metrics
+    def __init__(self, metrics: ServiceMetrics | None = None, budget: InflightBudget | None = None) -> None:
+        self.metrics, self.budget = metrics, budget
 
     def intercept_service(self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(handler_call_details)
@@ -71,9 +74,13 @@ class ErrorInterceptor(grpc.ServerInterceptor):
 
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
             t0, code = time.perf_counter(), grpc.StatusCode.OK
+            lease = self.budget.lease() if self.budget is not None else None
             try:
                 if isinstance(request, _Undecodable):
                     raise TypeError(f"the request is not a valid message for {method}: {request.error}")
+                if lease is not None:   # (a method without a deserializer gets the bytes)
+                    size = len(request) if isinstance(request, (bytes, bytearray)) else request.ByteSize()
+                    lease.take(size, f"{method} request")
                 response = behavior(request, context)
                 code = context.code() or grpc.StatusCode.OK
                 return response
@@ -82,12 +89,16 @@ class ErrorInterceptor(grpc.ServerInterceptor):
                     code = context.code()
                     raise
                 code = status_for(exc)
+                if isinstance(exc, OverloadedError):
+                    context.set_trailing_metadata((("retry-after", str(RETRY_AFTER_S)),))
                 if code == grpc.StatusCode.INTERNAL:
                     log.exception("%s failed", method)
                 else:
                     log.info("%s -> %s: %s", method, code.name, exc)
                 context.abort(code, message_for(exc))
             finally:
+                if lease is not None:
+                    lease.release()
                 if self.metrics is not None:
                     self.metrics.observe_rpc(method, code.name, time.perf_counter() - t0)
 
@@ -142,12 +153,13 @@ class GrpcServer:
 def build_grpc_server(services: Sequence[GrpcService], *, host: str = "127.0.0.1", port: int = 0,
                       max_workers: int = 16, metrics: ServiceMetrics | None = None,
                       reflect: bool = True, max_receive_bytes: int = DEFAULT_MAX_RECEIVE_BYTES,
-                      token: str | None = None) -> GrpcServer:
+                      token: str | None = None, budget: InflightBudget | None = None) -> GrpcServer:
     """A gRPC server with the services, grpc.health.v1 (and reflection), bound to host:port (0 = free port).
 
     max_workers bounds the RPCs handled at once; batching services need it above the number of
     requests they should be able to batch together. max_receive_bytes bounds one request message
     (RESOURCE_EXHAUSTED above it). token: the data planes' bearer token (services.common.auth; None: open).
+    budget: the service's budget for the requests in flight, shared with its REST door (None: unbounded).
     """
     if not services:
         raise ValueError("services must name at least one service")
@@ -161,7 +173,7 @@ def build_grpc_server(services: Sequence[GrpcService], *, host: str = "127.0.0.1
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         # the token check inside the error mapping, so refusals are counted in the RPC metrics too
-        interceptors=[ErrorInterceptor(metrics), *([TokenInterceptor(token)] if token else [])],
+        interceptors=[ErrorInterceptor(metrics, budget), *([TokenInterceptor(token)] if token else [])],
         options=[("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
                  ("grpc.max_receive_message_length", max_receive_bytes),
                  # identity only: gRPC core decompresses a gzip / deflate message whole before it compares

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from services.common.budget import InflightBudget
 from services.common.grpc_server import GrpcServer
 from services.common.logs import configure_logging
 from services.common.metrics import ServiceMetrics
@@ -19,13 +20,14 @@ from services.common.ops import HttpServer
 
 @dataclass
 class RunningService:
-    """A started service: its data plane, gRPC server and ops HTTP server."""
+    """A started service: its data plane, gRPC server and ops HTTP server, and the budget both doors share."""
 
     plane: Any
     grpc: GrpcServer
     http: HttpServer
     metrics: ServiceMetrics
     stopping: threading.Event
+    budget: InflightBudget | None = None
 
     def stop(self, grace: float = 5.0) -> None:
         """Not ready, NOT_SERVING, drain in-flight RPCs, then close the plane and the HTTP server."""

@@ -25,6 +25,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from services.common.args import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, MESSAGE_MARGIN
+from services.common.budget import InflightBudget
 from services.common.grpc_server import (
     GrpcServer,
     GrpcService,
@@ -90,7 +91,8 @@ def explorer_inference(plane: ExplorerDataPlane,
 def build_server(plane: ExplorerDataPlane, adapters: AdapterEndpoint, *, host: str = "127.0.0.1", port: int = 0,
                  max_workers: int = 16, metrics: ServiceMetrics | None = None,
                  max_request_bytes: int = DEFAULT_MAX_ROLLOUT_REQUEST_BYTES,
-                 inference: InferenceServicer | None = None, token: str | None = None) -> GrpcServer:
+                 inference: InferenceServicer | None = None, token: str | None = None,
+                 budget: InflightBudget | None = None) -> GrpcServer:
     """The explorer gRPC server (not started): Explorer + GRPCInferenceService (`inference`, shared with the
     REST door; default a new one) + health + reflection. It receives a request of up to max_request_bytes, or
     an adapter push of up to the endpoint's max_bytes; token: the data token (None: open)."""
@@ -100,24 +102,27 @@ def build_server(plane: ExplorerDataPlane, adapters: AdapterEndpoint, *, host: s
          GrpcService(service_name(service_pb2, "GRPCInferenceService"),
                      service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
                      inference or explorer_inference(plane, max_request_bytes))],
-        host=host, port=port, max_workers=max_workers, metrics=metrics, token=token,
+        host=host, port=port, max_workers=max_workers, metrics=metrics, token=token, budget=budget,
         max_receive_bytes=max(max_request_bytes, adapters.max_bytes) + MESSAGE_MARGIN)
 
 
 def start(plane: ExplorerDataPlane, metrics: ServiceMetrics, *, host: str = "127.0.0.1", grpc_port: int = 0,
           http_port: int = 0, max_workers: int = 16, adapter_token: str | None = None,
           max_adapter_bytes: int = DEFAULT_MAX_ADAPTER_BYTES,
-          max_request_bytes: int = DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, data_token: str | None = None) -> RolloutService:
+          max_request_bytes: int = DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, data_token: str | None = None,
+          max_inflight_bytes: int = 0) -> RolloutService:
     """Serve `plane` over gRPC and the ops app over HTTP (ports 0 = any free port).
 
     adapter_token: the bearer token hot reload needs (None: pushes are refused with 403); data_token: the one
     Explore and the KServe doors need (None: open); max_request_bytes: the largest request they take."""
     inference = explorer_inference(plane, max_request_bytes)
     return serve(plane, plane.hot, metrics,
-                 lambda adapters: build_server(plane, adapters, host=host, port=grpc_port, max_workers=max_workers,
-                                               metrics=metrics, max_request_bytes=max_request_bytes,
-                                               inference=inference, token=data_token),
+                 lambda adapters, budget: build_server(plane, adapters, budget=budget, host=host, port=grpc_port,
+                                                       max_workers=max_workers,
+                                                       metrics=metrics, max_request_bytes=max_request_bytes,
+                                                       inference=inference, token=data_token),
                  host=host, http_port=http_port, adapter_token=adapter_token, max_adapter_bytes=max_adapter_bytes,
+                 max_request_bytes=max_request_bytes, max_inflight_bytes=max_inflight_bytes,
                  mount=lambda app: mount_kserve_http(app, inference, max_body_bytes=max_request_bytes + MESSAGE_MARGIN,
                                                      token=data_token))
 

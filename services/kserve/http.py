@@ -21,7 +21,8 @@ the same way. A gzip or deflate `Content-Encoding` is accepted. Bodies are bound
 declared Content-Length over the door's limit is refused unread, the body is read as a stream and decompressed
 with the limit on its output (services.common.bodies), its JSON part is at most MAX_JSON_BYTES (over a limit:
 413). Errors are `{"error": message}` with the status of the gRPC code the same input gives (400 invalid or
-malformed, JSON nested too deeply included, 404 unknown model, 413 too large, 503 unavailable). With a token
+malformed, JSON nested too deeply included, 404 unknown model, 413 too large, 503 unavailable or, with
+Retry-After, the service's budget for the requests in flight full: services.common.budget). With a token
 (SOLRL_DATA_TOKEN, services.common.auth) every route but /v2/health/* needs `Authorization: Bearer <token>` (401).
 Written by hand over FastAPI (the service's ops app): KServe's `ModelServer` would bring its own servers and
 a Kubernetes client, PyTriton a Triton binary and an older numpy.
@@ -44,7 +45,8 @@ from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor, 
 
 from services.common.auth import TokenMiddleware
 from services.common.bodies import parse_json, read_body
-from services.common.errors import BodyTimeoutError, TooLargeError, message_for, status_for
+from services.common.budget import retry_headers
+from services.common.errors import BodyTimeoutError, OverloadedError, TooLargeError, message_for, status_for
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 INDEX_BODY_BYTES = 64 << 10   # a repository index request is {"ready": true}
@@ -55,6 +57,8 @@ HTTP_STATUS = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "UNAVAILABLE": 503, "U
 def _error(exc: BaseException) -> JSONResponse:
     # a body cut off at its deadline leaves unread bytes on the connection: close it rather than read them as the
     # next request (uvicorn closes the connection after a response that says so)
+    if isinstance(exc, OverloadedError):   # a transient refusal, its body left unread
+        return JSONResponse({"error": message_for(exc)}, status_code=503, headers=retry_headers())
     headers = {"Connection": "close"} if isinstance(exc, BodyTimeoutError) else None
     return JSONResponse({"error": message_for(exc)}, status_code=HTTP_STATUS.get(status_for(exc).name, 500),
                         headers=headers)

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 import grpc
 
 from services.common.args import DEFAULT_MAX_ADAPTER_BYTES, DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, MESSAGE_MARGIN
+from services.common.budget import InflightBudget
 from services.common.grpc_server import (
     GrpcServer,
     GrpcService,
@@ -85,28 +86,32 @@ class RegeneratorServicer(RolloutRPCs, regenerator_pb2_grpc.RegeneratorServicer)
 
 def build_server(plane: RegeneratorDataPlane, adapters: AdapterEndpoint, *, host: str = "127.0.0.1", port: int = 0,
                  max_workers: int = 16, metrics: ServiceMetrics | None = None,
-                 max_request_bytes: int = DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, token: str | None = None) -> GrpcServer:
+                 max_request_bytes: int = DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, token: str | None = None,
+                 budget: InflightBudget | None = None) -> GrpcServer:
     """The regenerator gRPC server (not started): Regenerator + health + reflection. It receives a request of up
     to max_request_bytes, or an adapter push of up to the endpoint's max_bytes; token: the data token (None: open)."""
     return build_grpc_server(
         [GrpcService(service_name(regenerator_pb2, "Regenerator"),
                      regenerator_pb2_grpc.add_RegeneratorServicer_to_server, RegeneratorServicer(plane, adapters))],
-        host=host, port=port, max_workers=max_workers, metrics=metrics, token=token,
+        host=host, port=port, max_workers=max_workers, metrics=metrics, token=token, budget=budget,
         max_receive_bytes=max(max_request_bytes, adapters.max_bytes) + MESSAGE_MARGIN)
 
 
 def start(plane: RegeneratorDataPlane, metrics: ServiceMetrics, *, host: str = "127.0.0.1", grpc_port: int = 0,
           http_port: int = 0, max_workers: int = 16, adapter_token: str | None = None,
           max_adapter_bytes: int = DEFAULT_MAX_ADAPTER_BYTES,
-          max_request_bytes: int = DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, data_token: str | None = None) -> RolloutService:
+          max_request_bytes: int = DEFAULT_MAX_ROLLOUT_REQUEST_BYTES, data_token: str | None = None,
+          max_inflight_bytes: int = 0) -> RolloutService:
     """Serve `plane` over gRPC and the ops app over HTTP (ports 0 = any free port).
 
     adapter_token: the bearer token hot reload needs (None: pushes are refused with 403); data_token: the one
     Regenerate and Info need (None: open); max_request_bytes: the largest request they take."""
     return serve(plane, plane.hot, metrics,
-                 lambda adapters: build_server(plane, adapters, host=host, port=grpc_port, max_workers=max_workers,
-                                               metrics=metrics, max_request_bytes=max_request_bytes, token=data_token),
-                 host=host, http_port=http_port, adapter_token=adapter_token, max_adapter_bytes=max_adapter_bytes)
+                 lambda adapters, budget: build_server(plane, adapters, budget=budget, host=host, port=grpc_port,
+                                                       max_workers=max_workers,
+                                                       metrics=metrics, max_request_bytes=max_request_bytes, token=data_token),
+                 host=host, http_port=http_port, adapter_token=adapter_token, max_adapter_bytes=max_adapter_bytes,
+                 max_request_bytes=max_request_bytes, max_inflight_bytes=max_inflight_bytes)
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None,

@@ -28,6 +28,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from services.common.args import DEFAULT_MAX_REWARD_REQUEST_BYTES, MESSAGE_MARGIN
 from services.common.auth import read_data_token
+from services.common.budget import InflightBudget, budget_for
 from services.common.grpc_server import (
     GrpcServer,
     GrpcService,
@@ -84,17 +85,18 @@ def reward_inference(plane: RewardDataPlane,
 def build_server(plane: RewardDataPlane, *, host: str = "127.0.0.1", port: int = 0, max_workers: int = 16,
                  metrics: ServiceMetrics | None = None, max_request_bytes: int = DEFAULT_MAX_REWARD_REQUEST_BYTES,
                  max_receive_bytes: int | None = None, inference: InferenceServicer | None = None,
-                 token: str | None = None) -> GrpcServer:
+                 token: str | None = None, budget: InflightBudget | None = None) -> GrpcServer:
     """The reward gRPC server (not started): Reward + GRPCInferenceService (`inference`, shared with the REST
     door; default a new one) + health + reflection. A tensor may hold up to max_request_bytes, a message
-    max_receive_bytes (default: max_request_bytes + MESSAGE_MARGIN); token: the data token (None: open)."""
+    max_receive_bytes (default: max_request_bytes + MESSAGE_MARGIN); token: the data token (None: open); budget:
+    the one for the requests in flight the REST door shares (services.common.budget; None: unbounded)."""
     return build_grpc_server(
         [GrpcService(service_name(reward_pb2, "Reward"), reward_pb2_grpc.add_RewardServicer_to_server,
                      RewardServicer(plane, max_request_bytes)),
          GrpcService(service_name(service_pb2, "GRPCInferenceService"),
                      service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
                      inference or reward_inference(plane, max_request_bytes))],
-        host=host, port=port, max_workers=max_workers, metrics=metrics, token=token,
+        host=host, port=port, max_workers=max_workers, metrics=metrics, token=token, budget=budget,
         max_receive_bytes=max_request_bytes + MESSAGE_MARGIN if max_receive_bytes is None else max_receive_bytes)
 
 
@@ -103,10 +105,11 @@ RewardService = RunningService  # a running reward service: data plane, gRPC and
 
 def start(plane: RewardDataPlane, metrics: ServiceMetrics, *, host: str = "127.0.0.1", grpc_port: int = 0,
           http_port: int = 0, max_workers: int = 16, max_request_bytes: int = DEFAULT_MAX_REWARD_REQUEST_BYTES,
-          token: str | None = None) -> RewardService:
+          token: str | None = None, max_inflight_bytes: int = 0) -> RewardService:
     """Serve `plane` over gRPC and the ops app over HTTP (ports 0 = any free port). On failure the
     plane is closed. Build the plane with observe=metrics.observe_batch to export batch metrics.
-    max_request_bytes: the largest request either door takes; token: the data token (None: open)."""
+    max_request_bytes: the largest request either door takes; token: the data token (None: open);
+    max_inflight_bytes: what all requests in flight may hold together (0: one largest request's worth)."""
     stopping = threading.Event()
 
     def ready() -> bool:
@@ -115,14 +118,15 @@ def start(plane: RewardDataPlane, metrics: ServiceMetrics, *, host: str = "127.0
     server: GrpcServer | None = None
     http: HttpServer | None = None
     try:
+        budget = budget_for(max_inflight_bytes, max_request_bytes)
         inference = reward_inference(plane, max_request_bytes)
         server = build_server(plane, host=host, port=grpc_port, max_workers=max_workers, metrics=metrics,
-                              max_request_bytes=max_request_bytes, inference=inference, token=token)
+                              max_request_bytes=max_request_bytes, inference=inference, token=token, budget=budget)
         grpc_port = server.port
         app = create_ops_app(metrics=metrics, ready=ready,
                              info=lambda: {**plane.info(), "ready": ready(), "grpc_port": grpc_port})
         mount_kserve_http(app, inference, max_body_bytes=max_request_bytes + MESSAGE_MARGIN, token=token)
-        http = HttpServer(app, host, http_port)
+        http = HttpServer(app, host, http_port, budget=budget)
         server.start()
         http.start()
     except BaseException:
@@ -131,7 +135,7 @@ def start(plane: RewardDataPlane, metrics: ServiceMetrics, *, host: str = "127.0
                 part.stop(0)
         plane.close()
         raise
-    return RewardService(plane, server, http, metrics, stopping)
+    return RewardService(plane, server, http, metrics, stopping, budget)
 
 
 def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
@@ -144,7 +148,7 @@ def run(args: argparse.Namespace, stop: threading.Event | None = None) -> int:
                                   observe=metrics.observe_batch)
     svc = start(plane, metrics, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                 max_workers=args.max_workers, max_request_bytes=args.max_request_bytes,
-                token=read_data_token(os.environ))
+                token=read_data_token(os.environ), max_inflight_bytes=args.max_inflight_bytes)
     banner = (f"solrl reward: grpc {svc.grpc.address}, http {svc.http.host}:{svc.http.port}, "
               f"rewards {svc.plane.models} on {plane.info()['device']}")
     return serve_until_stopped(stop, banner, svc.stop, log)

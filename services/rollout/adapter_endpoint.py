@@ -27,8 +27,9 @@ from services.common.adapter_headers import SHA256_HEADER, VERSION_HEADER
 from services.common.args import DEFAULT_MAX_ADAPTER_BYTES
 from services.common.auth import refusal
 from services.common.bodies import read_body
+from services.common.budget import retry_headers
 from services.common.env import ENV_ADAPTER_TOKEN
-from services.common.errors import BodyTimeoutError, TooLargeError
+from services.common.errors import BodyTimeoutError, OverloadedError, TooLargeError
 from services.common.metrics import ServiceMetrics
 from services.rollout.hot_swap import REJECTIONS, AdapterRejected, HotSwapModel, LoadResult
 
@@ -149,7 +150,8 @@ class AdapterEndpoint:
 
         @app.exception_handler(AdapterRejected)
         async def rejected(request: Request, exc: AdapterRejected) -> JSONResponse:
-            headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+            headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else \
+                retry_headers() if exc.reason == "busy" else None
             return JSONResponse({"error": exc.reason, "detail": str(exc), **self.status()},
                                 status_code=exc.http_status, headers=headers)
 
@@ -182,6 +184,8 @@ class AdapterEndpoint:
             raise AdapterRejected("too_large", str(exc)) from None
         except BodyTimeoutError as exc:
             raise AdapterRejected("invalid", str(exc)) from None
+        except OverloadedError as exc:
+            raise AdapterRejected("busy", str(exc)) from None
 
 
 # The PUT route reads its headers and raw body itself (to refuse before reading the body); this

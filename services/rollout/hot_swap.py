@@ -56,6 +56,7 @@ REJECTIONS: dict[str, tuple[int, grpc.StatusCode]] = {
     "disabled": (403, grpc.StatusCode.PERMISSION_DENIED),       # no token configured on the server
     "stale": (409, grpc.StatusCode.FAILED_PRECONDITION),        # version <= the one served
     "too_large": (413, grpc.StatusCode.RESOURCE_EXHAUSTED),     # over the size limit
+    "busy": (503, grpc.StatusCode.RESOURCE_EXHAUSTED),          # the budget for requests in flight is full now
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -69,25 +70,50 @@ class RemoteScorer:
 
     def _score(self, images: np.ndarray, prompts: list[str]) -> np.ndarray:
         request = reward_pb2.ScoreRequest(reward=self.name, images=numpy_to_tensor(images), prompts=prompts)
-        try:
-            response = self._stub.Score(request, timeout=self.timeout_s, metadata=self._metadata)
-        except grpc.RpcError as exc:
-            code, details = exc.code(), exc.details()
-            msg = f"reward service {self.address}: {code.name}: {details}"
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
-                raise ValueError(msg) from None
-            if code == grpc.StatusCode.NOT_FOUND:
-                raise NotFoundError(msg) from None
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise UnavailableError(msg) from None
-            raise RuntimeError(msg) from None
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                response = self._stub.Score(request, timeout=max(deadline - time.monotonic(), 0.001),
+                                            metadata=self._metadata)
+                break
+            except grpc.RpcError as exc:
+                wait = _retry_after(exc)   # the service's budget was full: a transient refusal, retried
+                if wait is None or time.monotonic() + wait >= deadline:
+                    self._raise(exc)
+                time.sleep(wait)
         scores = np.asarray(response.scores, dtype=np.float32)
         if scores.shape != (len(prompts),):
             raise RuntimeError(f"reward service {self.address} returned {scores.size} scores for {len(prompts)} images")
         return scores
 
+    def _raise(self, exc: grpc.RpcError) -> None:
+        """A failed Score call as the core's exceptions."""
+        code, details = exc.code(), exc.details()
+        msg = f"reward service {self.address}: {code.name}: {details}"
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            raise ValueError(msg) from None
+        if code == grpc.StatusCode.NOT_FOUND:
+            raise NotFoundError(msg) from None
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise UnavailableError(msg) from None
+        raise RuntimeError(msg) from None
+
     def close(self) -> None:
         self._channel.close()
+
+
+def _retry_after(exc: grpc.RpcError) -> float | None:
+    """Seconds to wait before retrying a call refused by the service's budget for the requests in flight
+    (RESOURCE_EXHAUSTED with a `retry-after` trailer, services.common.budget); None for any other error."""
+    if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    for key, value in exc.trailing_metadata() or ():
+        if key == "retry-after":
+            try:
+                return max(float(value), 0.0)
+            except ValueError:
+                return None
+    return None
 
 
 def build_scorer(reward: str, address: str | None = None, token: str | None = None) -> Scorer:

@@ -16,6 +16,7 @@ import torch
 
 from services.common.args import add_model_arguments  # noqa: F401 (re-exported: the options live there, light)
 from services.common.auth import read_data_token
+from services.common.budget import InflightBudget, budget_for
 from services.common.env import ENV_ADAPTER_TOKEN, ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, split_overrides
 from services.common.grpc_server import GrpcServer
 from services.common.lifecycle import RunningService, serve_until_stopped
@@ -68,12 +69,13 @@ class RolloutService(RunningService):
 
 
 def serve(plane: Any, hot: HotSwapModel, metrics: ServiceMetrics,
-          build: Callable[[AdapterEndpoint], GrpcServer], *, host: str, http_port: int,
-          adapter_token: str | None, max_adapter_bytes: int,
+          build: Callable[[AdapterEndpoint, InflightBudget], GrpcServer], *, host: str, http_port: int,
+          adapter_token: str | None, max_adapter_bytes: int, max_request_bytes: int, max_inflight_bytes: int = 0,
           mount: Callable[[Any], None] | None = None) -> RolloutService:
-    """Start `build(adapters)`'s gRPC server and the ops app with /v1/adapter (and whatever `mount` adds to
-    it: the explorer's KServe REST door); on failure the plane is closed. Shared by the explorer and the
-    regenerator."""
+    """Start `build(adapters, budget)`'s gRPC server and the ops app with /v1/adapter (and whatever `mount` adds
+    to it: the explorer's KServe REST door); on failure the plane is closed. Shared by the explorer and the
+    regenerator. Both doors share one budget for the requests in flight: max_inflight_bytes, or with 0 the largest
+    request or adapter push plus a margin (services.common.budget)."""
     stopping = threading.Event()
 
     def ready() -> bool:
@@ -83,7 +85,8 @@ def serve(plane: Any, hot: HotSwapModel, metrics: ServiceMetrics,
     http: HttpServer | None = None
     try:
         adapters = AdapterEndpoint(hot, token=adapter_token, max_bytes=max_adapter_bytes, metrics=metrics)
-        server = build(adapters)
+        budget = budget_for(max_inflight_bytes, max(max_request_bytes, adapters.max_bytes))
+        server = build(adapters, budget)
         grpc_port = server.port
         app = create_ops_app(metrics=metrics, ready=ready,
                              info=lambda: {**plane.info(), "ready": ready(), "grpc_port": grpc_port,
@@ -91,7 +94,7 @@ def serve(plane: Any, hot: HotSwapModel, metrics: ServiceMetrics,
         adapters.mount(app)
         if mount is not None:
             mount(app)
-        http = HttpServer(app, host, http_port)
+        http = HttpServer(app, host, http_port, budget=budget)
         server.start()
         http.start()
     except BaseException:
@@ -100,7 +103,7 @@ def serve(plane: Any, hot: HotSwapModel, metrics: ServiceMetrics,
                 part.stop(0)
         plane.close()
         raise
-    return RolloutService(plane, server, http, metrics, stopping, adapters=adapters)
+    return RolloutService(plane, server, http, metrics, stopping, budget, adapters=adapters)
 
 
 def _explorer_start(c) -> tuple[str, int]:
@@ -223,7 +226,7 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
     svc = start(plane, metrics, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                 max_workers=args.max_workers, adapter_token=token,
                 max_adapter_bytes=args.max_adapter_bytes, max_request_bytes=args.max_request_bytes,
-                data_token=data_token)
+                data_token=data_token, max_inflight_bytes=args.max_inflight_bytes)
     if getattr(args, "trainer_url", ""):
         # before any job is taken: a pod that starts or restarts mid-run serves the run's current adapter
         plane.hot.fetcher = AdapterFetcher(args.trainer_url, token, plane.hot)

@@ -7,7 +7,7 @@ import argparse
 import os
 from collections.abc import Mapping
 
-from services.common.args import DEFAULT_NAMESPACE
+from services.common.args import DEFAULT_NAMESPACE, add_inflight_limit
 from services.common.env import (
     ENV_QUEUE_NAMESPACE,
     ENV_REDIS_URL,
@@ -45,4 +45,5 @@ def add_arguments(p: argparse.ArgumentParser, environ: Mapping[str, str] | None 
                    help="fail the epoch, naming its jobs, when no explorer takes any of them this long")
     p.add_argument("--workers-timeout-s", type=float, default=600.0,
                    help="how long to wait at start for every rollout service to answer Info")
+    add_inflight_limit(p)
     add_address_arguments(p, addr)

@@ -45,6 +45,7 @@ from fastapi.responses import JSONResponse, Response
 import solrl
 from services.common.adapter_headers import SHA256_HEADER, VERSION_HEADER
 from services.common.auth import authorized, metadata, read_data_token
+from services.common.budget import budget_for
 from services.common.env import (
     ENV_ADAPTER_TOKEN,
     ENV_QUEUE_KEY,
@@ -53,6 +54,7 @@ from services.common.env import (
     split_overrides,
 )
 from services.common.grpc_server import (
+    DEFAULT_MAX_RECEIVE_BYTES,
     MAX_GRPC_MESSAGE_SIZE,
     GrpcService,
     build_grpc_server,
@@ -418,9 +420,10 @@ def serve(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, resume: bool,
     training.watch_queue([stream for stream, _ in PIPELINE], queue.length)
     servicer = TrainerServicer(run_id)
     stop = stop or threading.Event()
+    budget = budget_for(args.max_inflight_bytes, DEFAULT_MAX_RECEIVE_BYTES)   # both doors' requests in flight
     server = build_grpc_server([GrpcService(service_name(trainer_pb2, "Trainer"),
                                             trainer_pb2_grpc.add_TrainerServicer_to_server, servicer)],
-                               host=args.host, port=args.grpc_port, metrics=metrics)
+                               host=args.host, port=args.grpc_port, metrics=metrics, budget=budget)
     device = run_device(cfg)
     device_fields = device_info(device)   # fixed for the run: resolved once, not per /v1/info
 
@@ -434,7 +437,7 @@ def serve(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, resume: bool,
     app = create_ops_app(metrics=metrics, ready=lambda: not stop.is_set(), info=info)
     mount_current_adapter(app, pusher, token)
     mount_dashboard(app, run_dir)  # the live run dashboard at /dashboard
-    http = HttpServer(app, args.host, args.http_port)
+    http = HttpServer(app, args.host, args.http_port, budget=budget)
     outcome = {"rc": 0}
 
     def drive() -> None:

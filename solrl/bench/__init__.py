@@ -1,6 +1,7 @@
 """`solrl bench <name>`: the paper's claims measured on the shapes world, and our own costs.
 
-Each benchmark is a module `solrl.bench.<name>` (`serve`: services/bench.py, an entry point) with
+Each benchmark is a module `solrl.bench.<name>` (`serve`: services/bench.py, `doors`: services/doors.py, entry
+points) with
 `run(out: Path, small: bool, **kw) -> dict`
 that writes `out/<name>.json` and `out/<name>.md` (machine described; see `common.write_results`).
 """
@@ -18,6 +19,7 @@ BENCHES: dict[str, str] = {
     "ablate": "pool size and explore steps at a fixed training budget",
     "curve": "held-out reward against wall-clock for the four modes; time to reach diffusion_nft's final",
     "serve": "services vs embedded epoch time; reward service throughput and latency via tritonclient",
+    "doors": "the reward and explorer doors, gRPC and REST, under perf_analyzer: throughput, p50/p99, server split",
     "denoisers": "shapes denoiser families: pretraining step and 16-seed forward cost, NVFP4-quantized share",
     "cli": "seconds to answer `solrl --help` and each subcommand's --help, against importing torch",
     "pretrain_sweep": "shapes base pretraining variants x seeds, tracked with the headroom CFG shows (choose a base)",
@@ -28,7 +30,7 @@ BENCHES: dict[str, str] = {
 }
 
 # benchmarks that live with the services (services/bench.py), by their `solrl.services` entry point
-PLUGIN_BENCHES = {"serve": "bench-serve"}
+PLUGIN_BENCHES = {"serve": "bench-serve", "doors": "bench-doors"}
 
 
 def run_bench(name: str, out: Path, small: bool = False, **kw: Any) -> dict[str, Any]:

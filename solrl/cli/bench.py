@@ -34,6 +34,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
             kw["reward"] = a.reward
     if a.sets:
         kw["overrides"] = tuple(a.sets)
+    if a.tag:
+        kw["tag"] = a.tag
     if a.name == "cli":
         kw["commands"] = a.commands()   # every command's words, from the parser (app.command_words)
     if a.name in ("curve", "selection") and a.threads:
@@ -100,5 +102,6 @@ def add_parser(sub: argparse._SubParsersAction, commands: Callable[[], tuple[tup
                         "solrl shapes pretrain's step_NNNNN")
     b.add_argument("--set", dest="sets", action="append", default=None, metavar="KEY=VALUE",
                    help="curve / selection: a config override for every run (repeat), e.g. train.beta=0.5")
+    b.add_argument("--tag", default=None, help="doors: a suffix for the result files (OUT/doors-TAG.json), e.g. before")
     b.set_defaults(fn=cmd_bench, commands=commands)
 
