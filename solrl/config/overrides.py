@@ -38,6 +38,6 @@ def apply_overrides(cfg: RunConfig, overrides: list[str]) -> RunConfig:
                 raise ConfigError(f"{key}: bad list {raw!r} ({e})") from e
         setattr(obj, parts[-1], _convert(tp, value, key))
         if isinstance(obj, PrecisionConfig) and parts[-1] == "backend":
-            # a backend named explicitly is the one to run: the preset's machine-dependent choice is dropped
+            # a backend named explicitly is the one to run: a fallback given with the earlier one is dropped
             obj.fallback = obj.note = ""
     return cfg

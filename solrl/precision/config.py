@@ -22,12 +22,12 @@ class PrecisionConfig:
     weight-only quantization (False). `model_skip` holds the model's own patterns (set by
     `with_model_skips` from the model spec; not checked for matches, since one list serves a family).
 
-    `fallback` names the backend to run where `backend` cannot run on this machine and device (a preset's choice
-    that depends on the machine: the shapes presets explore in `bf16-cpu` where the CPU has BF16 instructions, else
-    in `nvfp4-emu`). The run's config resolves it once, when it is validated (`RunConfig.validate`): `backend`
+    `fallback` names the backend to run where `backend` cannot run on this machine and device: a config that
+    travels between machines (explore in `bf16-cpu` where the CPU has BF16 instructions, else in `nvfp4-emu`). The
+    run's config resolves it once, when it is validated (`RunConfig.validate`): `backend`
     becomes what runs, `fallback` is emptied and `note` says what was chosen and why, so a run directory's
-    config.json names the backend that ran. A backend named explicitly (`--set ...backend=...`) drops the fallback:
-    an explicit choice that cannot run fails with its error.
+    config.json names the backend that ran. Setting `backend` (`--set ...backend=...`) drops the fallback, so
+    name the fallback after it; a backend named without one that cannot run fails with its error.
     """
 
     backend: str = "bf16"

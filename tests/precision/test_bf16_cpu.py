@@ -106,11 +106,15 @@ def test_a_session_explores_on_the_real_kernel_copy_and_syncs_the_adapter():
     assert torch.equal(sess.explorer.module.get_submodule(name).weight, w.to(torch.bfloat16))
 
 
-# ---------------------------------------------------------------- the shapes presets' explorer: bf16-cpu where it runs
-def test_presets_explore_in_bf16_cpu_where_the_cpu_runs_it(tmp_path):
+# ---------------------------------------------------------------- an explorer that falls back where it cannot run
+PORTABLE = ["rollout.explore_precision.backend=bf16-cpu", "rollout.explore_precision.fallback=nvfp4-emu"]
+
+
+def test_bf16_cpu_with_a_fallback_runs_where_the_cpu_has_it(tmp_path):
     from solrl.config import RunConfig, resolve
 
-    cfg = resolve("shapes-sol-rl")
+    assert resolve("shapes-sol-rl").rollout.explore_precision.backend == "nvfp4-emu"   # the presets' own
+    cfg = resolve("shapes-sol-rl", overrides=PORTABLE)
     ep = cfg.rollout.explore_precision
     assert ep.fallback == ""   # resolved once, when validated
     if NATIVE:
@@ -122,28 +126,29 @@ def test_presets_explore_in_bf16_cpu_where_the_cpu_runs_it(tmp_path):
     assert (again.backend, again.fallback, again.note) == (ep.backend, "", ep.note)
 
 
-def test_presets_fall_back_to_the_emulation_without_bf16_instructions(monkeypatch):
+def test_the_fallback_is_taken_without_bf16_instructions(monkeypatch):
     import solrl.precision.reference as reference
     from solrl.config import resolve
 
     monkeypatch.setattr(reference, "cpu_flags", lambda: cpu_flags(ZEN3))   # a CPU of AVX2 only (not this one)
-    ep = resolve("shapes-sol-rl").rollout.explore_precision
+    ep = resolve("shapes-sol-rl", overrides=PORTABLE).rollout.explore_precision
     assert ep.backend == "nvfp4-emu" and ep.fallback == ""
     assert ep.note == ("nvfp4-emu instead of bf16-cpu: precision backend 'bf16-cpu' needs a CPU with BF16 instructions "
                        "(avx512_bf16 or amx_bf16 in /proc/cpuinfo); this one has AVX2 without them, where a BF16 "
                        "forward is slower than FP32")
-    # an explicit choice is kept, and fails on its own when the model is prepared
-    ep = resolve("shapes-sol-rl", overrides=["rollout.explore_precision.backend=bf16-cpu"]).rollout.explore_precision
+    # the backend named again afterwards drops the fallback: an explicit choice fails on its own when prepared
+    ep = resolve("shapes-sol-rl", overrides=PORTABLE + ["rollout.explore_precision.backend=bf16-cpu"]
+                 ).rollout.explore_precision
     assert (ep.backend, ep.fallback, ep.note) == ("bf16-cpu", "", "")
     with pytest.raises(RuntimeError, match="BF16 instructions"):
         build_backend(ep).prepare(torch.nn.Sequential(torch.nn.Linear(4, 4)))
 
 
-def test_presets_on_cuda_keep_the_emulation_and_unresolved_choices_are_refused():
+def test_on_cuda_the_fallback_is_taken_and_unresolved_choices_are_refused():
+    from solrl.config import apply_overrides, get_preset
     from solrl.precision import cannot_run_here
-    from solrl.shapes.presets import shapes_sol_rl
 
-    cfg = shapes_sol_rl()
+    cfg = apply_overrides(get_preset("shapes-sol-rl"), PORTABLE)
     with pytest.raises(ValueError, match="validate the run's config first"):
         build_backend(cfg.rollout.explore_precision)
     cfg.model.device = "cuda"     # resolved alone: this machine has no GPU for the whole validation
