@@ -42,6 +42,7 @@ from services.common.env import (
     ENV_REDIS_URL,
     ENV_REWARD_ADDR,
 )
+from services.common.logs import ENV_LOG_FORMAT, ENV_LOG_LEVEL
 from services.explorer import server as explorer_server
 from services.regenerator import server as regenerator_server
 from services.reward import server as reward_server
@@ -109,6 +110,8 @@ OPTIONAL["reward"] = set(re.findall(r"SOLRL_[A-Z0-9_]+", " ".join(reward_info(n)
 for _role in ROLES:
     if "read_data_token(" in run_source(_role):
         OPTIONAL[_role].add(ENV_DATA_TOKEN)
+    # the services' logging, which `solrl serve` sets up for every role before it runs (solrl/cli/serve.py)
+    OPTIONAL[_role] |= {ENV_LOG_LEVEL, ENV_LOG_FORMAT}
 
 
 def check_env(where: str, role: str, declared: set[str]) -> None:
@@ -626,8 +629,9 @@ class Image:
         self.expose: list[str] = []
         self.healthcheck: list[str] | None = None
         self.entrypoint: list[str] | None = None
-        self.runs: list[str] = []         # every RUN, in build order
-        self.checks: list[str] = []       # the RUNs that read a build argument, run here
+        self.runs: list[str] = []         # every RUN, in build order (with those of the stages copied from)
+        self.checks: list[str] = []       # the RUNs that read a build argument and only check it, run here
+        self.copies: list[tuple[str, str, str | None]] = []   # COPY (source, destination, --from stage), expanded
 
 
 def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
@@ -671,10 +675,10 @@ def dockerfile_image(args: dict[str, str], target: str | None = None) -> Image:
     globals_ = {k: args.get(k, v) for k, v in global_args.items() if args.get(k, v) is not None}
     image = Image()
 
-    def build(stage: dict) -> None:
+    def build(stage: dict, image: Image) -> None:
         base = _expand(stage["base"], globals_)
         if base in named:
-            build(named[base])           # FROM <stage>: its filesystem and configuration
+            build(named[base], image)    # FROM <stage>: its filesystem and configuration
         else:
             image.stages.append(base)    # an external image: its configuration is not modelled
         image.stages.append(stage["name"] or "(last stage)")
@@ -692,7 +696,10 @@ def dockerfile_image(args: dict[str, str], target: str | None = None) -> Image:
                     image.env[key] = _expand(value, variables)
             elif instr == "RUN":
                 image.runs.append(rest)
-                if any(re.search(rf"\$\{{?{name}\b", rest) for name in scope):
+                # a RUN reading build arguments either only checks them (run here) or installs from the wheelhouse by
+                # them (services/Dockerfile's deps: the wheels are not here), never more
+                if any(re.search(rf"\$\{{?{name}\b", rest) for name in scope) and \
+                        not re.search(r"\bpip install --quiet --no-index\b", rest):
                     assert not re.search(r"\b(pip|apt-get|useradd|chown|curl|wget)\b", rest), \
                         f"a RUN reading build arguments should only check them: {rest}"
                     image.checks.append(rest)
@@ -709,10 +716,22 @@ def dockerfile_image(args: dict[str, str], target: str | None = None) -> Image:
                 image.healthcheck = json.loads(rest.split(" CMD ", 1)[1])
             elif instr == "ENTRYPOINT":
                 image.entrypoint = json.loads(rest)
+            elif instr == "COPY":
+                words = rest.split()
+                source = next((w.partition("=")[2] for w in words if w.startswith("--from=")), None)
+                paths = [_expand(w, variables) for w in words if not w.startswith("--")]
+                image.copies += [(src, paths[-1], source) for src in paths[:-1]]
+                if source is not None:   # COPY --from=<stage>: that stage is built, its files alone taken
+                    other = Image()
+                    build(named[source], other)
+                    image.runs += other.runs
+                    image.checks += other.checks
+                    image.copies += other.copies
+                    image.stages.append(f"{source} (copied from)")
             else:
-                assert instr in ("WORKDIR", "COPY"), f"unmodelled instruction {instr} {rest}"
+                assert instr == "WORKDIR", f"unmodelled instruction {instr} {rest}"
 
-    build(named[target] if target else stages[-1])
+    build(named[target] if target else stages[-1], image)
     return image
 
 
@@ -737,7 +756,8 @@ def entry_command(image: Image, args: list[str], env: dict[str, str] | None = No
                         '"$@"\n')
         stub.chmod(0o755)
         proc = subprocess.run([*image.entrypoint, *args], capture_output=True, text=True, check=True, timeout=30,
-                              env={"PATH": f"{stub_dir}:{os.environ['PATH']}", **image.env, **(env or {})})
+                              env={**image.env, **(env or {}),
+                                   "PATH": f"{stub_dir}:{image.env.get('PATH', '')}:{os.environ['PATH']}"})
     return ["solrl", *json.loads(proc.stdout)]
 
 
@@ -779,19 +799,21 @@ def test_dockerfile_targets_user_healthcheck_and_entry(role):
     for flavor, target in [(f, f) for f in FLAVORS] + [(f, None) for f in FLAVORS]:
         image = dockerfile_image(role_args(role, flavor), target)
         where = f"{role}, FLAVOR={flavor}, --target {target}"
-        assert f"{flavor}-base" in image.stages and f"{'gpu' if flavor == 'cpu' else 'cpu'}-base" not in image.stages
+        # one base for both flavors; FLAVOR's wheelhouse, installed in the deps stage with no index (no network in
+        # the build) and taken into the image as the environment alone
+        assert image.stages[0] == "python:3.11-slim-bookworm" and "deps (copied from)" in image.stages, where
+        assert ("build/wheelhouse/" + flavor, "/wheels", None) in image.copies, where
+        assert ("/opt/venv", "/opt/venv", "deps") in image.copies and image.env["PATH"].startswith("/opt/venv/bin:")
+        installs = [r for r in image.runs if re.search(r"\bpip install\b", r)]
+        assert installs and all("--no-index" in r for r in installs), where
         assert image.checks, "the build checks its arguments"
-        base_runs = " ".join(image.runs)
-        assert ("torch==2.13.0" in base_runs) == (flavor == "cpu"), where   # the GPU base brings its own torch
-        # Transformer Engine in exactly the roles that run it, pinned, from the te-wheels stage, import-checked
-        te_runs = [r for r in image.runs if "transformer-engine" in r or "transformer_engine" in r]
-        if flavor == "gpu" and role in TE_ROLES:
-            assert "app-te" in image.stages and len(te_runs) == 1, where
-            assert f'"transformer-engine[pytorch]=={TE_VERSION}"' in te_runs[0], where
-            assert "from=te-wheels" in te_runs[0] and "--find-links /wheels" in te_runs[0], where
-            assert te_runs[0].endswith('python -c "import transformer_engine.pytorch, peft"'), where
-        else:
-            assert "app-te" not in image.stages and not te_runs, where
+        # Transformer Engine in exactly the roles that run it (ENGINE=te), pinned, from the wheelhouse, import-checked
+        (deps,) = [r for r in image.runs if "-r /wheels/requirements.txt" in r]
+        te = re.search(r'if \[ "\$ENGINE" = te \]; then(.*?); fi', deps)
+        assert te and f'"transformer-engine[pytorch]=={TE_VERSION}"' in te.group(1), where
+        assert "--find-links /wheels" in te.group(1), where
+        assert te.group(1).strip().endswith('python -c "import transformer_engine.pytorch, peft"'), where
+        assert role_args(role, flavor)["ENGINE"] == ("te" if flavor == "gpu" and role in TE_ROLES else "none")
         assert any("python -m solrl.protos_build" in r for r in image.runs)  # stubs generated in the build
         assert image.user and image.user not in ("root", "0"), where
         assert any(f"useradd --uid {image.user} " in r for r in image.runs), where
@@ -817,20 +839,27 @@ def test_dockerfile_targets_user_healthcheck_and_entry(role):
         server.close()
 
 
-def test_transformer_engine_is_built_once_pinned_for_hopper_and_blackwell():
-    """The te-wheels stage: every Transformer Engine package at one pinned version (the `gpu` extra's), the PyTorch
-    binding compiled for sm_90 and sm_100 only; never in the CPU / test install."""
+def test_transformer_engine_is_pinned_for_hopper_and_blackwell_and_only_in_the_gpu_wheelhouse():
+    """services/images/wheelhouse.py: every Transformer Engine package at one pinned version (the `gpu` extra's, which
+    the Dockerfile installs), the PyTorch binding compiled for sm_90 and sm_100 only; never in the CPU wheelhouse or
+    the CPU / test install."""
+    import importlib.util
+
     import tomllib
 
-    stages = re.split(r"^FROM ", DOCKERFILE.read_text(), flags=re.MULTILINE)
-    (te,) = [st for st in stages if st.split("\n", 1)[0].endswith(" AS te-wheels")]
-    env = dict(i.partition("=")[::2] for instr, rest in dockerfile_instructions("FROM x\n" + te) if instr == "ENV"
-               for i in shlex.split(rest))
+    spec = importlib.util.spec_from_file_location("wheelhouse", ROOT / "services" / "images" / "wheelhouse.py")
+    wheelhouse = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wheelhouse)
+    env = wheelhouse.TE_BUILD_ENV
     assert env["NVTE_CUDA_ARCHS"] == "90;100" and env["TORCH_CUDA_ARCH_LIST"] == "9.0;10.0", env
     assert env["NVTE_FRAMEWORK"] == "pytorch" and int(env["MAX_JOBS"]) > 0
-    pins = re.findall(r"transformer[-_]engine[\w\-\[\]]*==([\w.]+)", DOCKERFILE.read_text())
-    assert len(pins) >= 4 and set(pins) == {TE_VERSION}, pins
-    assert "transformer-engine-torch==" in te and "--no-build-isolation" in te
+    pins = re.findall(r"transformer[-_]engine[\w\-\[\]]*==([\w.]+)", DOCKERFILE.read_text() +
+                      (ROOT / "services" / "images" / "wheelhouse.py").read_text())
+    assert len(pins) >= 3 and set(pins) == {TE_VERSION}, pins
+    assert wheelhouse.TE_BINDING == f"transformer-engine-torch=={TE_VERSION}"
+    assert wheelhouse.TE in wheelhouse.requirements("gpu") and not [r for r in wheelhouse.requirements("cpu")
+                                                                    if "transformer" in r and "engine" in r]
+    assert "torch==2.13.0" in wheelhouse.requirements("cpu") and "torch==2.13.0" in wheelhouse.requirements("gpu")
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["gpu"] == [f"transformer-engine[pytorch]=={TE_VERSION}"]
     assert not [d for name, deps in extras.items() if name != "gpu" for d in deps if "transformer" in d and "engine" in d]
@@ -858,7 +887,8 @@ def test_dockerfile_refuses_a_missing_or_unknown_role_and_a_mismatched_flavor():
         with pytest.raises(BuildRefused, match=re.escape(says)):
             dockerfile_image(args, target)
     # --target cpu with no FLAVOR is the CPU image (FLAVOR defaults to cpu)
-    assert "cpu-base" in dockerfile_image({k: v for k, v in good.items() if k != "FLAVOR"}, "cpu").stages
+    assert ("build/wheelhouse/cpu", "/wheels", None) in \
+        dockerfile_image({k: v for k, v in good.items() if k != "FLAVOR"}, "cpu").copies
 
 
 def test_trainer_expands_headless_service_addresses():
