@@ -483,6 +483,36 @@ def overlay_run(by_kind: dict):
 
 
 # overlay: (the GPU kind it places on, the explorer's Transformer Engine format, the preset it trains)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_k8s_every_container_is_hardened_as_the_compose_roles_are(k8s_tree, overlay):
+    """What tests/deploy/test_compose_engine.py inspects on the engine, in every workload of the overlay: a non-root
+    user, the runtime's seccomp profile, a read-only root filesystem written only through volumes (emptyDir, PVC),
+    no capability, no privilege gain, CPU and memory limits; secrets from Secrets, never literals."""
+    docs = kustomize(k8s_tree, overlay)
+    workloads = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet", "Job", "DaemonSet")]
+    assert {d["metadata"]["name"] for d in workloads} >= {*ROLES, "redis"}
+    for w in workloads:
+        pod = w["spec"]["template"]["spec"]
+        where = f"{overlay}: {w['kind']} {w['metadata']['name']}"
+        psc = pod["securityContext"]
+        assert psc["runAsNonRoot"] is True and psc["runAsUser"] > 0, where
+        assert psc["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC"), where
+        kinds = {v["name"]: next(k for k in v if k != "name") for v in pod.get("volumes", [])}
+        claims = {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
+        for c in pod["containers"] + pod.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, where
+            assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged"), where
+            assert {"cpu", "memory"} <= set(c["resources"]["limits"]), where
+            for m in c.get("volumeMounts", []):
+                if not m.get("readOnly"):
+                    assert m["name"] in claims or kinds[m["name"]] in ("emptyDir", "persistentVolumeClaim"), (where, m)
+            for e in c.get("env", []):
+                if re.search(r"TOKEN|PASSWORD|KEY$", e["name"]) and not e["name"].endswith("_NAMESPACE"):
+                    assert "secretKeyRef" in e.get("valueFrom", {}), (where, e["name"])
+
+
 GPU_OVERLAYS = {"b200": ("b200", "nvfp4", ""), "hopper": ("h100", "fp8", "sd35l-sol-rl")}
 
 
