@@ -63,10 +63,9 @@ hpsv3-env: $(STAMP)
 SOLRL_BASE_IMAGE  ?= solrl/base:bookworm
 SOLRL_REDIS_IMAGE ?= solrl/redis:bookworm
 FLAVOR ?= cpu
-export SOLRL_BASE_IMAGE SOLRL_REDIS_IMAGE
-# the compose file refuses to interpolate without its secrets; a build reads none of them
-COMPOSE_BUILD_ENV := $(foreach v,SOLRL_ADAPTER_TOKEN SOLRL_DATA_TOKEN SOLRL_QUEUE_KEY SOLRL_REDIS_TRAINER_PASSWORD \
-	SOLRL_REDIS_EXPLORER_PASSWORD SOLRL_REDIS_REGENERATOR_PASSWORD,$(v)=unused-by-the-build)
+# the compose file refuses to interpolate without its secrets' directory; a build reads no secret
+COMPOSE_BUILD_ENV := SOLRL_BASE_IMAGE=$(SOLRL_BASE_IMAGE) SOLRL_REDIS_IMAGE=$(SOLRL_REDIS_IMAGE) \
+	SOLRL_SECRETS_DIR=$(or $(SOLRL_SECRETS_DIR),unused-by-the-build)
 .PHONY: base-images wheelhouse images
 base-images:
 	docker image inspect $(SOLRL_BASE_IMAGE) >/dev/null 2>&1 || bash services/images/bootstrap-base.sh python $(SOLRL_BASE_IMAGE)
@@ -81,7 +80,8 @@ images: base-images wheelhouse
 # docker-compose.cpu.yml on a real Docker engine, as a user runs it (tests/deploy/test_compose_engine.py): up, health,
 # 2 epochs through a killed trainer, a killed explorer and a restarted Redis, logs, the containers' hardening, down -v
 test-compose: protos images
-	$(BIN)/python -m pytest -q -m compose tests/deploy/test_compose_engine.py
+	env SOLRL_BASE_IMAGE=$(SOLRL_BASE_IMAGE) SOLRL_REDIS_IMAGE=$(SOLRL_REDIS_IMAGE) \
+		$(BIN)/python -m pytest -q -m compose tests/deploy/test_compose_engine.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -1,10 +1,11 @@
 """`make test-compose`: docker-compose.cpu.yml on a real Docker engine, run as a user runs it.
 
 The user's commands, through the docker-compose CLI (Debian's 1.29 or Compose v2's `docker compose`): `build`, then
-`up -d` with the secrets and the run's settings in the environment. Two runs of 2 epochs:
+`up -d` with the secrets' directory (SOLRL_SECRETS_DIR) and the run's settings in the environment. Two runs of 2 epochs:
 - straight: every service turns healthy, the containers are inspected (`docker inspect`: a non-root user, a read-only
   root filesystem with writes only to volumes and tmpfs, no capability, no privilege gain, memory, CPU and PID
-  limits; checked from inside too), the trainer finishes, `docker-compose logs` gives each role's JSON records;
+  limits, the secrets as read-only files and none in the environment; checked from inside too), the trainer
+  finishes, `docker-compose logs` gives each role's JSON records;
 - faulted: an explorer container is frozen holding an explore job, Redis is restarted from its append-only file
   (the stream's entries survive), the explorer's process is SIGKILLed (the engine restarts it: `restart:
   unless-stopped`; its job is redelivered), and the trainer's process is SIGKILLed once epoch 1 is checkpointed (the
@@ -29,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import tarfile
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -45,6 +47,10 @@ SECRETS = {"SOLRL_ADAPTER_TOKEN": "compose-engine-adapter-token", "SOLRL_DATA_TO
            "SOLRL_QUEUE_KEY": "compose-engine-queue-key-0123456789",
            **{f"SOLRL_REDIS_{r.upper()}_PASSWORD": f"compose-engine-{r}-password"
               for r in ("trainer", "explorer", "regenerator")}}
+# the secrets as the file takes them: one file each in SOLRL_SECRETS_DIR (mounted at /run/secrets/<name>), readable by
+# the roles' users in the containers
+SECRET_FILES = {"SOLRL_ADAPTER_TOKEN": "adapter_token", "SOLRL_DATA_TOKEN": "data_token", "SOLRL_QUEUE_KEY": "queue_key",
+                **{f"SOLRL_REDIS_{r.upper()}_PASSWORD": f"redis_{r}_password" for r in ("trainer", "explorer", "regenerator")}}
 # the bases: the registry's, or (the default here, as `make images` builds them) bootstrapped from Debian's packages
 BASES = {"SOLRL_BASE_IMAGE": os.environ.get("SOLRL_BASE_IMAGE", "solrl/base:bookworm"),
          "SOLRL_REDIS_IMAGE": os.environ.get("SOLRL_REDIS_IMAGE", "solrl/redis:bookworm")}
@@ -71,19 +77,37 @@ def compose_command() -> list[str] | None:
     return None
 
 
+@pytest.fixture(scope="module")
+def secrets_dir():
+    with tempfile.TemporaryDirectory(prefix="solrl-compose-engine-") as tmp:
+        d = Path(tmp) / "secrets"
+        d.mkdir(mode=0o711)
+        for name, file in SECRET_FILES.items():
+            (d / file).write_text(SECRETS[name] + "\n")
+            (d / file).chmod(0o644)
+        yield d
+
+
 def docker(*args: str, check: bool = True, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", *args], capture_output=True, check=check, timeout=timeout, **kw)
 
 
-def test_compose_file_is_what_the_engine_test_drives():
+def test_compose_file_is_what_the_engine_test_drives(secrets_dir):
     """Without an engine: the file's services, their start order by health, and the hardening the engine test inspects
     (so a file that lost them fails here too, wherever docker-compose is installed)."""
     exe = compose_command()
     if exe is None:
         unavailable("neither docker-compose nor `docker compose` is installed")
-    out = subprocess.run([*exe, "-f", COMPOSE_FILE, "config"], cwd=ROOT, env={**os.environ, **SECRETS, **BASES},
+    out = subprocess.run([*exe, "-f", COMPOSE_FILE, "config"], cwd=ROOT,
+                         env={**os.environ, **BASES, "SOLRL_SECRETS_DIR": str(secrets_dir)},
                          capture_output=True, text=True, check=True)
-    services = yaml.safe_load(out.stdout)["services"]
+    config = yaml.safe_load(out.stdout)
+    services = config["services"]
+    # the secrets are files: none in any service's environment, each file the one SOLRL_SECRETS_DIR holds
+    assert {n: Path(s["file"]) for n, s in config["secrets"].items()} == \
+        {f: secrets_dir / f for f in SECRET_FILES.values()}
+    assert not [(n, k) for n, svc in services.items() for k, v in svc["environment"].items()
+                if str(v) in SECRETS.values()]
     assert set(services) == set(SERVICES)
     assert services["redis"]["image"] == BASES["SOLRL_REDIS_IMAGE"]
     for name in SERVICES:
@@ -99,7 +123,7 @@ def test_compose_file_is_what_the_engine_test_drives():
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(secrets_dir):
     exe = compose_command()
     if exe is None or shutil.which("docker") is None:
         unavailable("the docker client or docker-compose is not installed (Debian: docker.io, docker-compose)")
@@ -112,12 +136,13 @@ def engine():
     if missing or not (ROOT / "build" / "wheelhouse" / "cpu" / "requirements.txt").exists():
         unavailable(f"base images {missing} or build/wheelhouse/cpu missing: run `make images`")
     t0 = time.monotonic()
-    build = subprocess.run([*exe, "-f", COMPOSE_FILE, "build"], cwd=ROOT, env={**os.environ, **SECRETS, **BASES},
+    build = subprocess.run([*exe, "-f", COMPOSE_FILE, "build"], cwd=ROOT,
+                           env={**os.environ, **BASES, "SOLRL_SECRETS_DIR": str(secrets_dir)},
                            capture_output=True, text=True, check=False, timeout=1800)
     assert build.returncode == 0, (build.stdout + build.stderr)[-3000:]
     REPORT["engine"] = info.stdout.strip()
     REPORT["seconds"]["build (cached)"] = round(time.monotonic() - t0, 1)
-    yield exe
+    yield exe, secrets_dir
     if os.environ.get("SOLRL_COMPOSE_REPORT"):
         Path(os.environ["SOLRL_COMPOSE_REPORT"]).write_text(json.dumps(REPORT, indent=2) + "\n")
 
@@ -125,11 +150,11 @@ def engine():
 class Stack:
     """One project of the compose file: the user's commands with the secrets and run settings in the environment."""
 
-    def __init__(self, exe: list[str], run_id: str) -> None:
-        self.exe, self.run_id = exe, run_id
+    def __init__(self, engine: tuple[list[str], Path], run_id: str) -> None:
+        (self.exe, secrets_dir), self.run_id = engine, run_id
         self.project = f"solrltest{run_id}{uuid.uuid4().hex[:6]}"
-        self.env = {**os.environ, **SECRETS, **BASES, "COMPOSE_PROJECT_NAME": self.project, "SOLRL_SET": DEPLOY_SET,
-                    "SOLRL_RUN_ID": run_id}
+        self.env = {**os.environ, **BASES, "SOLRL_SECRETS_DIR": str(secrets_dir), "COMPOSE_PROJECT_NAME": self.project,
+                    "SOLRL_SET": DEPLOY_SET, "SOLRL_RUN_ID": run_id}
         self.run_dir = f"/runs/{run_id}"
 
     def compose(self, *args: str, timeout: float = 600) -> str:
@@ -218,6 +243,13 @@ def inspect_hardening(stack: Stack, service: str) -> dict:
     expected = {"redis": ["/data", "/tmp"], "trainer": ["/home/solrl", "/runs", "/tmp"]}.get(service,
                                                                                           ["/home/solrl", "/tmp"])
     assert writable == expected, where
+    # the secrets: files mounted read-only at /run/secrets, none in the inspected environment, readable by the role
+    assert figures["secrets_in_env"] == [] and not [e for e in c["Config"]["Env"] if e.split("=", 1)[1] in
+                                                     SECRETS.values()], where
+    secrets = sorted(m["Destination"] for m in c["Mounts"] if m["Destination"].startswith("/run/secrets/"))
+    figures["secret_files"] = secrets
+    assert secrets and all(not m["RW"] for m in c["Mounts"] if m["Destination"] in secrets), where
+    assert stack.exec(service, "cat", secrets[0]).stdout.strip() in SECRETS.values(), where
     # from inside: not uid 0, no capability in any set, no privilege gain, the root filesystem refuses a write
     status = stack.exec(service, "cat", "/proc/self/status").stdout
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
@@ -251,8 +283,8 @@ def check_json_logs(logs: str) -> None:
     assert all(records[role] > 0 for role in ("explorer", "regenerator", "trainer")), records
 
 
-def run(exe: list[str], run_id: str, faults: bool) -> tuple[bytes, Stack]:
-    stack = Stack(exe, run_id)
+def run(engine: tuple[list[str], Path], run_id: str, faults: bool) -> tuple[bytes, Stack]:
+    stack = Stack(engine, run_id)
     t0 = time.monotonic()
     try:
         # compose starts each service once those it depends on are healthy: the trainer starts its run at once

@@ -14,6 +14,7 @@ SOLRL_REQUIRE_DEPLOY_TOOLS=1 (set by CI), where it fails.
 from __future__ import annotations
 
 import argparse
+import atexit
 import inspect
 import json
 import os
@@ -23,6 +24,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,6 +43,8 @@ from services.common.env import (
     ENV_REDIS_PASSWORD,
     ENV_REDIS_URL,
     ENV_REWARD_ADDR,
+    FILE_SUFFIX,
+    secret,
 )
 from services.common.logs import ENV_LOG_FORMAT, ENV_LOG_LEVEL
 from services.explorer import server as explorer_server
@@ -112,10 +116,16 @@ for _role in ROLES:
         OPTIONAL[_role].add(ENV_DATA_TOKEN)
     # the services' logging, which `solrl serve` sets up for every role before it runs (solrl/cli/serve.py)
     OPTIONAL[_role] |= {ENV_LOG_LEVEL, ENV_LOG_FORMAT}
+# every secret a role reads may come from a file instead (services.common.env.secret: <NAME>_FILE)
+SECRET_NAMES = {ENV_ADAPTER_TOKEN, ENV_DATA_TOKEN, ENV_REDIS_PASSWORD, ENV_QUEUE_KEY}
+for _role in ROLES:
+    OPTIONAL[_role] |= {n + FILE_SUFFIX for n in (READS[_role] | OPTIONAL[_role]) & SECRET_NAMES}
 
 
 def check_env(where: str, role: str, declared: set[str]) -> None:
     solrl = {n for n in declared if n.startswith("SOLRL_")}
+    # a secret given as a file (<NAME>_FILE) is given
+    solrl |= {n.removesuffix(FILE_SUFFIX) for n in solrl if n.removesuffix(FILE_SUFFIX) in SECRET_NAMES}
     missing, extra = READS[role] - solrl, solrl - READS[role] - OPTIONAL[role]
     assert not missing and not extra, f"{where}: missing {sorted(missing)}, not read by solrl serve {sorted(extra)}"
 
@@ -164,50 +174,84 @@ COMPOSE_SECRETS = {ENV_ADAPTER_TOKEN: "test-token", ENV_DATA_TOKEN: "test-data-t
                    ENV_QUEUE_KEY: "test-queue-key-0123456789abcdef",
                    **{f"SOLRL_REDIS_{r.upper()}_PASSWORD": f"test-{r}-redis-password" for r in QUEUE_ROLES}}
 REDIS_ACL_SCRIPT = ROOT / "k8s" / "base" / "redis-acl.sh"
+# docker-compose.cpu.yml takes the same secrets as files (compose `secrets:`, one file each in SOLRL_SECRETS_DIR, at
+# /run/secrets/<name> in the containers, named by the roles' SOLRL_*_FILE variables)
+SECRET_FILES = {ENV_ADAPTER_TOKEN: "adapter_token", ENV_DATA_TOKEN: "data_token", ENV_QUEUE_KEY: "queue_key",
+                **{f"SOLRL_REDIS_{r.upper()}_PASSWORD": f"redis_{r}_password" for r in QUEUE_ROLES}}
+SECRETS_DIR = Path(tempfile.mkdtemp(prefix="solrl-compose-secrets-"))
+atexit.register(shutil.rmtree, SECRETS_DIR, True)
+for _name, _file in SECRET_FILES.items():
+    (SECRETS_DIR / _file).write_text(COMPOSE_SECRETS[_name] + "\n")
+# what a user gives every compose file: the secrets in the environment and as files
+COMPOSE_ENV = {**COMPOSE_SECRETS, "SOLRL_SECRETS_DIR": str(SECRETS_DIR)}
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
 def test_compose_config_is_valid(name):
     exe = tool("docker-compose")
-    env = {**os.environ, **COMPOSE_SECRETS}
+    env = {**os.environ, **COMPOSE_ENV}
     proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, proc.stderr
-    # without any one secret the file refuses to start rather than run unauthenticated or unsigned
-    for secret in COMPOSE_SECRETS:
+    # without any one secret (the CPU file: without its secrets' directory) the file refuses to start rather than run
+    # unauthenticated or unsigned
+    required = set(re.findall(r"\$\{(\w+):\?", (ROOT / name).read_text()))
+    assert required == ({"SOLRL_SECRETS_DIR"} if name == "docker-compose.cpu.yml" else set(COMPOSE_SECRETS)), required
+    for var in required:
         proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, capture_output=True, text=True,
-                              check=False, env={k: v for k, v in env.items() if k != secret})
-        assert proc.returncode != 0 and f"set {secret}" in proc.stderr, secret
+                              check=False, env={k: v for k, v in env.items() if k != var})
+        assert proc.returncode != 0 and f"set {var}" in proc.stderr, var
+
+
+def compose_config(name: str) -> dict:
+    exe = tool("docker-compose")
+    env = {**os.environ, **COMPOSE_ENV}
+    out = subprocess.run([exe, "-f", name, "config"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return yaml.safe_load(out.stdout)
 
 
 def compose_services(name: str) -> dict:
-    exe = tool("docker-compose")
-    env = {**os.environ, **COMPOSE_SECRETS}
-    out = subprocess.run([exe, "-f", name, "config"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-    return yaml.safe_load(out.stdout)["services"]
+    return compose_config(name)["services"]
+
+
+def given(config: dict, service: str, name: str) -> str:
+    """The secret `name` as the service gets it: its environment's value, or the file its <name>_FILE names (one of
+    the service's compose `secrets:`, read from the host file compose mounts there)."""
+    svc = config["services"][service]
+    env = svc["environment"]
+    if name in env:
+        return str(env[name])
+    path = env[name + FILE_SUFFIX]
+    source = path.removeprefix("/run/secrets/")
+    assert path.startswith("/run/secrets/") and {"source": source} in svc["secrets"], (service, name, path)
+    return Path(config["secrets"][source]["file"]).read_text().rstrip("\n")
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
 def test_compose_ports_and_env_match_what_solrl_serve_reads(name):
-    services = compose_services(name)
+    config = compose_config(name)
+    services = config["services"]
     roles = {role_of(s) for s in services} - {"redis"}
     assert roles == set(ROLES)
     for svc_name, svc in services.items():
         role = role_of(svc_name)
         if role == "redis":
             assert "--appendonly" in svc["command"] and "yes" in svc["command"]
-            check_compose_redis(svc)
+            check_compose_redis(config, svc_name)
             continue
         env = svc["environment"]
         check_env(f"{name}: {svc_name}", role, set(env))
-        assert env[ENV_DATA_TOKEN] == COMPOSE_SECRETS[ENV_DATA_TOKEN], svc_name   # the doors closed in every role
+        if name == "docker-compose.cpu.yml":   # files: no secret in any container's environment
+            assert not [k for k, v in env.items() if str(v) in COMPOSE_SECRETS.values()], svc_name
+        # the doors closed in every role
+        assert given(config, svc_name, ENV_DATA_TOKEN) == COMPOSE_SECRETS[ENV_DATA_TOKEN], svc_name
         grpc_port, http_port = PORTS[role]
         assert (int(env[ENV_GRPC_PORT]), int(env[ENV_HTTP_PORT])) == (grpc_port, http_port), svc_name
         if ENV_REDIS_URL in env:
             # the role's own ACL user in the URL, its password (and the queue key) from the user's environment
             assert env[ENV_REDIS_URL] == f"redis://{role}@redis:6379/0"
-            assert env[ENV_REDIS_PASSWORD] == COMPOSE_SECRETS[f"SOLRL_REDIS_{role.upper()}_PASSWORD"]
-            assert env[ENV_QUEUE_KEY] == COMPOSE_SECRETS[ENV_QUEUE_KEY]
+            assert given(config, svc_name, ENV_REDIS_PASSWORD) == COMPOSE_SECRETS[f"SOLRL_REDIS_{role.upper()}_PASSWORD"]
+            assert given(config, svc_name, ENV_QUEUE_KEY) == COMPOSE_SECRETS[ENV_QUEUE_KEY]
             assert env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
         if ENV_REWARD_ADDR in env:
             assert env[ENV_REWARD_ADDR] == f"reward:{PORTS['reward'][0]}"
@@ -228,17 +272,18 @@ def test_compose_ports_and_env_match_what_solrl_serve_reads(name):
         assert set(addrs) == expected  # the trainer pushes adapters to every rollout service
 
 
-def check_compose_redis(svc: dict) -> None:
-    """Redis runs k8s/base/redis-acl.sh (mounted read-only) with every role's password from the environment: no
-    password on its command line, and the unauthenticated health check may still PING."""
+def check_compose_redis(config: dict, name: str) -> None:
+    """Redis runs k8s/base/redis-acl.sh (mounted read-only) with every role's password from the environment or its
+    file: no password on its command line, and the unauthenticated health check may still PING."""
+    svc = config["services"][name]
     command, env = svc["command"], svc["environment"]
     assert command[:3] == ["sh", "/usr/local/bin/solrl-redis-acl.sh", "/tmp/users.acl"] and command[3] == "redis-server"
     assert f"{REDIS_ACL_SCRIPT}:/usr/local/bin/solrl-redis-acl.sh:ro" in svc["volumes"]
     assert svc["user"] == "redis"
     for role in QUEUE_ROLES:
-        name = f"SOLRL_REDIS_{role.upper()}_PASSWORD"
-        assert env[name] == COMPOSE_SECRETS[name]
-        assert not [a for a in command if COMPOSE_SECRETS[name] in a]
+        secret = f"SOLRL_REDIS_{role.upper()}_PASSWORD"
+        assert given(config, name, secret) == COMPOSE_SECRETS[secret]
+        assert not [a for a in command if COMPOSE_SECRETS[secret] in a]
     assert env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
     assert svc["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
 
@@ -1015,9 +1060,14 @@ class ComposeAsProcesses:
         script = mounts[command[1]]   # the host file the container runs
         port = int(self.moved["redis:6379"].rpartition(":")[2])
         (self.tmp / "redis").mkdir(exist_ok=True)
-        argv = ["sh", script, str(self.tmp / "redis" / "users.acl"), *command[3:],
-                "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.tmp / "redis")]
-        env = {k: str(v) for k, v in svc["environment"].items()}
+        args = list(command[3:])   # redis-server and its options; its data directory (the redis-data volume) here
+        if "--dir" in args:
+            assert args[args.index("--dir") + 1] == "/data" and "redis-data:/data" in svc["volumes"], args
+            args[args.index("--dir") + 1] = str(self.tmp / "redis")
+        else:
+            args += ["--dir", str(self.tmp / "redis")]
+        argv = ["sh", script, str(self.tmp / "redis" / "users.acl"), *args, "--port", str(port), "--bind", "127.0.0.1"]
+        env = {k: self.here(str(v)) for k, v in svc["environment"].items()}
         env[ENV_QUEUE_NAMESPACE] = self.namespace
         log_path = self.tmp / "redis.log"
         self.logs.append(log_path)
@@ -1035,10 +1085,16 @@ class ComposeAsProcesses:
                 assert time.monotonic() < deadline, log_path.read_text()
                 time.sleep(0.1)
 
+    def here(self, value: str) -> str:
+        """A container path compose mounts a secret's file at (/run/secrets/<name>): that file on this machine."""
+        if value.startswith("/run/secrets/"):
+            return self.compose["secrets"][value.removeprefix("/run/secrets/")]["file"]
+        return value
+
     def env(self, name: str) -> dict[str, str]:
         env = {k: v for k, v in self.images[name].env.items() if k.startswith("SOLRL_")}
         for key, value in self.services[name]["environment"].items():
-            value = str(value)
+            value = self.here(str(value))
             for there, here in self.moved.items():
                 value = value.replace(there, here)
             env[key] = value
@@ -1114,7 +1170,7 @@ def _redis_or_skip(url: str):
 def _run_stack(tmp: Path, run_id: str, restart_trainer: bool) -> tuple[Path, ComposeAsProcesses]:
     """reward, explorer, regenerator, trainer in compose's dependency order; the trainer runs to its end
     (with restart_trainer: killed once its first epoch is checkpointed and started again, unchanged)."""
-    stack = ComposeAsProcesses(tmp, {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_SET": DEPLOY_SET,
+    stack = ComposeAsProcesses(tmp, {**COMPOSE_ENV, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_SET": DEPLOY_SET,
                                      "SOLRL_RUN_ID": run_id}, f"solrl-test-deploy-{run_id}-{os.getpid()}")
     run_dir = stack.runs / run_id
     try:
@@ -1150,12 +1206,14 @@ def forge_rollouts(stack: ComposeAsProcesses) -> None:
     from solrl.queue import message_tag
 
     port = int(stack.moved["redis:6379"].rpartition(":")[2])
-    regen = redis_py.Redis(port=port, username="regenerator", password=stack.env("regenerator")[ENV_REDIS_PASSWORD])
+    regen = redis_py.Redis(port=port, username="regenerator",
+                           password=secret(stack.env("regenerator"), ENV_REDIS_PASSWORD))
     key = f"{stack.namespace}:rollouts"
     regen.xadd(key, {"p": b"forged, unsigned", "k": "forged-1:0"})
     tag = message_tag(b"not-the-run-key-0123456789", stack.namespace, "rollouts", "forged-2:0", b"forged")
     regen.xadd(key, {"p": tag + b"forged", "k": "forged-2:0"})
-    explorer = redis_py.Redis(port=port, username="explorer", password=stack.env("explorer")[ENV_REDIS_PASSWORD])
+    explorer = redis_py.Redis(port=port, username="explorer",
+                              password=secret(stack.env("explorer"), ENV_REDIS_PASSWORD))
     with pytest.raises(redis_py.exceptions.NoPermissionError):
         explorer.xadd(key, {"p": b"x"})
 
@@ -1183,8 +1241,8 @@ def test_cpu_compose_as_shipped_finishes_a_run_and_a_restarted_trainer_ends_wher
     assert "resum" in trainer_logs[1].lower() and "after epoch 1" in trainer_logs[1]
     assert "dropped message" in trainer_logs[0] and "forged-1:0" in trainer_logs[0], trainer_logs[0][-3000:]
     for log in stack.logs:
-        for secret in (TOKEN, *COMPOSE_SECRETS.values()):
-            assert secret not in log.read_text(), log.name   # no secret is ever printed
+        for value in (TOKEN, *COMPOSE_SECRETS.values()):
+            assert value not in log.read_text(), log.name   # no secret is ever printed
 
 
 def _role_settings(role: str, args: list[str], env: dict[str, str], files: dict[str, Path]):
@@ -1220,7 +1278,7 @@ def test_compose_gives_every_role_one_run(name, cuda_stand_in):
     """The trainer's start-up check, applied to the file itself: the settings each rollout service
     resolves from its command and environment are those the trainer trains (with and without SOLRL_SET)."""
     for user_set in (None, "reward=jpeg_compressibility rollout.steps=4"):
-        env = {**os.environ, **COMPOSE_SECRETS}
+        env = {**os.environ, **COMPOSE_ENV}
         if user_set is not None:
             env["SOLRL_SET"] = user_set
         out = subprocess.run([tool("docker-compose"), "-f", name, "config"], cwd=ROOT, env=env, capture_output=True,
@@ -1258,7 +1316,7 @@ def trainer_entry(source: str, tmp: Path, run_set: str | None = DEPLOY_SET) -> t
     entrypoint + command; k8s: command + args) and environment (compose: the image's SOLRL_* ENV under the
     service's; k8s: the container's env, its completion index as pod 0 has it), for the run_set run (the user's
     SOLRL_SET; None: the file's own)."""
-    user = {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_RUN_ID": "entry",
+    user = {**COMPOSE_ENV, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_RUN_ID": "entry",
             **({"SOLRL_SET": run_set} if run_set is not None else {})}
     if source.startswith("k8s/"):
         tree = k8s_copy(tmp, TOKEN)
