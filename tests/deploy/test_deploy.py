@@ -1062,7 +1062,7 @@ class ComposeAsProcesses:
         (self.tmp / "redis").mkdir(exist_ok=True)
         args = list(command[3:])   # redis-server and its options; its data directory (the redis-data volume) here
         if "--dir" in args:
-            assert args[args.index("--dir") + 1] == "/data" and "redis-data:/data" in svc["volumes"], args
+            assert args[args.index("--dir") + 1] == "/data" and "redis-data:/data:rw" in svc["volumes"], args
             args[args.index("--dir") + 1] = str(self.tmp / "redis")
         else:
             args += ["--dir", str(self.tmp / "redis")]
