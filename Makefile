@@ -62,9 +62,32 @@ perf-env: $(STAMP)
 	dpkg -s libb64-0d >/dev/null 2>&1 || apt-get install -y -q libb64-0d
 	$(BIN)/python -c "from services.doors import perf_env; print(perf_env()[0])"
 
-# docker-compose.cpu.yml on a real Docker engine (docker SDK): build, up, 2 epochs + a trainer restart, down
-test-compose: protos
-	$(BIN)/python -m pytest -q -m compose tests/deploy/test_compose_engine.py
+# Images without an image registry (docs/deploy.md): the bases bootstrapped from Debian's packages (debootstrap, as
+# root; services/images/bootstrap-base.sh caches the root filesystems in build/base), the wheels fetched here through
+# this host's pip configuration into build/wheelhouse/$(FLAVOR) (services/images/wheelhouse.py), then the CPU
+# compose file's four role images built on them with `pip install --no-index` (services/Dockerfile).
+SOLRL_BASE_IMAGE  ?= solrl/base:bookworm
+SOLRL_REDIS_IMAGE ?= solrl/redis:bookworm
+FLAVOR ?= cpu
+# the compose file refuses to interpolate without its secrets' directory; a build reads no secret
+COMPOSE_BUILD_ENV := SOLRL_BASE_IMAGE=$(SOLRL_BASE_IMAGE) SOLRL_REDIS_IMAGE=$(SOLRL_REDIS_IMAGE) \
+	SOLRL_SECRETS_DIR=$(or $(SOLRL_SECRETS_DIR),unused-by-the-build)
+.PHONY: base-images wheelhouse images
+base-images:
+	docker image inspect $(SOLRL_BASE_IMAGE) >/dev/null 2>&1 || bash services/images/bootstrap-base.sh python $(SOLRL_BASE_IMAGE)
+	docker image inspect $(SOLRL_REDIS_IMAGE) >/dev/null 2>&1 || bash services/images/bootstrap-base.sh redis $(SOLRL_REDIS_IMAGE)
+
+wheelhouse: $(STAMP)
+	$(BIN)/python services/images/wheelhouse.py $(FLAVOR) build/wheelhouse/$(FLAVOR)
+
+images: base-images wheelhouse
+	env $(COMPOSE_BUILD_ENV) docker-compose -f docker-compose.cpu.yml build
+
+# docker-compose.cpu.yml on a real Docker engine, as a user runs it (tests/deploy/test_compose_engine.py): up, health,
+# 2 epochs through a killed trainer, a killed explorer and a restarted Redis, logs, the containers' hardening, down -v
+test-compose: protos images
+	env SOLRL_BASE_IMAGE=$(SOLRL_BASE_IMAGE) SOLRL_REDIS_IMAGE=$(SOLRL_REDIS_IMAGE) \
+		$(BIN)/python -m pytest -q -m compose tests/deploy/test_compose_engine.py
 
 clean:
 	rm -rf runs .pytest_cache

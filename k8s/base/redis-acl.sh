@@ -1,6 +1,6 @@
 #!/bin/sh
 # Start Redis with one ACL user per solrl role, from the environment (Kubernetes: the solrl-redis Secret;
-# compose: the user's environment). Used by k8s/base/redis.yaml and every docker-compose file:
+# compose: the user's environment, or files: SOLRL_REDIS_<ROLE>_PASSWORD_FILE names one). Used by k8s/base/redis.yaml and every docker-compose file:
 #   sh redis-acl.sh ACL_FILE redis-server [OPTION ...]
 # writes ACL_FILE (mode 600, SHA-256 hashes only, no password in it or on any command line) and execs the
 # command with `--aclfile ACL_FILE`, the passwords gone from its environment.
@@ -34,8 +34,13 @@ hash() {
   printf '%s' "$1" | sha256sum | cut -d ' ' -f 1
 }
 
-need() {  # refuses to start without variable $1
+need() {  # refuses to start without variable $1, or the file variable $1_FILE names (compose `secrets:`)
   eval "value=\${$1:-}"
+  eval "file=\${$1_FILE:-}"
+  if [ -z "$value" ] && [ -n "$file" ]; then
+    value=$(cat "$file") || { echo "redis-acl.sh: $1_FILE: cannot read $file" >&2; exit 2; }
+    eval "$1=\$value"
+  fi
   if [ -z "$value" ]; then
     echo "redis-acl.sh: $1 is not set (the $2 role's Redis password, e.g. openssl rand -hex 32)" >&2
     exit 2
@@ -78,5 +83,5 @@ regenerator=$(hash "$SOLRL_REDIS_REGENERATOR_PASSWORD")
   fi
 } > "$acl"
 unset SOLRL_REDIS_TRAINER_PASSWORD SOLRL_REDIS_EXPLORER_PASSWORD SOLRL_REDIS_REGENERATOR_PASSWORD \
-  SOLRL_REDIS_KEDA_PASSWORD
+  SOLRL_REDIS_KEDA_PASSWORD value
 exec "$@" --aclfile "$acl"

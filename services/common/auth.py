@@ -23,7 +23,7 @@ import grpc
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.common.env import ENV_DATA_TOKEN
+from services.common.env import ENV_DATA_TOKEN, secret
 
 # gRPC methods open without the data token: probes, reflection, and the adapter pushes (their own token)
 OPEN_GRPC = ("/grpc.health.v1.Health/", "/grpc.reflection.")
@@ -32,7 +32,7 @@ OPEN_GRPC_SUFFIX = "/LoadAdapter"
 
 def read_data_token(environ: Mapping[str, str]) -> str | None:
     """The data planes' token from `environ` (SOLRL_DATA_TOKEN), None when unset or empty."""
-    return environ.get(ENV_DATA_TOKEN) or None
+    return secret(environ, ENV_DATA_TOKEN)
 
 
 def metadata(token: str | None) -> tuple[tuple[str, str], ...]:

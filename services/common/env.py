@@ -7,6 +7,7 @@ import argparse
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 ENV_HOST = "SOLRL_BIND_HOST"
 ENV_GRPC_PORT = "SOLRL_GRPC_PORT"
@@ -24,6 +25,29 @@ ENV_REDIS_URL = "SOLRL_REDIS_URL"   # the work queue (redis://<role>@redis:6379/
 ENV_REDIS_PASSWORD = "SOLRL_REDIS_PASSWORD"   # the URL user's Redis password (never a flag, never in the URL we log)
 ENV_QUEUE_KEY = "SOLRL_QUEUE_KEY"   # the run's HMAC key for queue messages, shared by the queue roles (never a flag)
 ENV_QUEUE_NAMESPACE = "SOLRL_QUEUE_NAMESPACE"
+# Each secret above (the adapter and data tokens, the Redis password, the queue key) may come from a file instead:
+# env <NAME>_FILE names it (compose `secrets:`, a mounted Kubernetes Secret), so the value is in no container's
+# inspected environment.
+FILE_SUFFIX = "_FILE"
+
+
+def secret(environ: Mapping[str, str], name: str) -> str | None:
+    """The secret `name`: its value in the environment, else the contents of the file env `<name>_FILE` names (without
+    the trailing newline); None when neither is set. ValueError, naming the variable, when that file cannot be read or
+    is empty (a file named and empty is a mistake, never "no secret")."""
+    value = environ.get(name)
+    if value:
+        return value
+    path = environ.get(name + FILE_SUFFIX)
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text().rstrip("\r\n")
+    except OSError as exc:
+        raise ValueError(f"{name}{FILE_SUFFIX}: cannot read {path}: {exc.strerror}") from None
+    if not text:
+        raise ValueError(f"{name}{FILE_SUFFIX}: {path} is empty")
+    return text
 
 
 def _port(environ: Mapping[str, str], name: str, default: int) -> int:

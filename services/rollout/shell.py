@@ -17,7 +17,7 @@ import torch
 from services.common.args import add_model_arguments  # noqa: F401 (re-exported: the options live there, light)
 from services.common.auth import read_data_token
 from services.common.budget import InflightBudget, budget_for
-from services.common.env import ENV_ADAPTER_TOKEN, ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, split_overrides
+from services.common.env import ENV_ADAPTER_TOKEN, ENV_QUEUE_KEY, ENV_REDIS_PASSWORD, secret, split_overrides
 from services.common.grpc_server import GrpcServer
 from services.common.lifecycle import RunningService, serve_until_stopped
 from services.common.metrics import ServiceMetrics
@@ -222,7 +222,7 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
     plane = build_plane(model, lora, build_scorer(args.reward, args.reward_addr or None, token=data_token))
     plane.model_name, plane.base_precision, plane.model_path = args.model, args.base_precision, args.model_path or ""
     metrics = ServiceMetrics(role)
-    token = environ.get(ENV_ADAPTER_TOKEN) or None   # the pushes' and the fetcher's
+    token = secret(environ, ENV_ADAPTER_TOKEN)   # the pushes' and the fetcher's
     svc = start(plane, metrics, host=args.host, grpc_port=args.grpc_port, http_port=args.http_port,
                 max_workers=args.max_workers, adapter_token=token,
                 max_adapter_bytes=args.max_adapter_bytes, max_request_bytes=args.max_request_bytes,
@@ -232,8 +232,8 @@ def run_rollout_role(role: str, args: argparse.Namespace, stop: threading.Event 
         plane.hot.fetcher = AdapterFetcher(args.trainer_url, token, plane.hot)
         plane.hot.fetcher.fetch()
     consumer = start_consumer(role, lambda queue: worker(queue, plane), args.redis_url, args.queue_namespace, args.claim_idle_ms,
-                              password=environ.get(ENV_REDIS_PASSWORD) or None,
-                              signing_key=environ.get(ENV_QUEUE_KEY) or None,
+                              password=secret(environ, ENV_REDIS_PASSWORD),
+                              signing_key=secret(environ, ENV_QUEUE_KEY),
                               on_reject=lambda d, reason: metrics.observe_rejected(d.stream, reason)) \
         if getattr(args, "redis_url", "") else None
     if not svc.adapters.enabled:

@@ -51,6 +51,7 @@ from services.common.env import (
     ENV_QUEUE_KEY,
     ENV_REDIS_PASSWORD,
     ENV_REDIS_URL,
+    secret,
     split_overrides,
 )
 from services.common.grpc_server import (
@@ -404,17 +405,17 @@ def serve(args: argparse.Namespace, cfg: RunConfig, run_dir: Path, resume: bool,
           environ: Mapping[str, str], ranks: ddp.Ranks = ddp.SINGLE) -> int:
     """Rank 0 (or the only process): the service and the driver."""
     run_id = args.run_id or run_dir.name.replace(":", "-")
-    token = environ.get(ENV_ADAPTER_TOKEN) or None
+    token = secret(environ, ENV_ADAPTER_TOKEN)
     pusher = AdapterPusher(parse_addrs(args.explorer_addrs, "--explorer-addrs"),
                            parse_addrs(args.regenerator_addrs, "--regenerator-addrs"), token,
                            data_token=read_data_token(environ))
     metrics = ServiceMetrics("trainer")
-    signing_key = environ.get(ENV_QUEUE_KEY) or None
+    signing_key = secret(environ, ENV_QUEUE_KEY)
     if signing_key is None:
         log.warning("%s is not set: queue messages are neither signed nor verified (anyone who can write the "
                     "rollouts stream can have the trainer train on a forged rollout)", ENV_QUEUE_KEY)
     queue = build_queue(args.redis_url, QueueConfig(namespace=args.namespace),
-                        password=environ.get(ENV_REDIS_PASSWORD) or None, signing_key=signing_key,
+                        password=secret(environ, ENV_REDIS_PASSWORD), signing_key=signing_key,
                         on_reject=lambda d, reason: metrics.observe_rejected(d.stream, reason))
     training = TrainingMetrics(metrics, run_id, cfg.epochs)
     training.watch_queue([stream for stream, _ in PIPELINE], queue.length)

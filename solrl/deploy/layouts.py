@@ -243,12 +243,13 @@ x-{role}: &{role}
 """ for role in ("explorer", "regenerator"))
 
 REDIS = """  redis:
-    image: redis:7.2-bookworm
+    image: ${SOLRL_REDIS_IMAGE:-redis:7.2-bookworm}
     # one ACL user per role, each only on its streams: k8s/base/redis-acl.sh writes the ACL file from these
     # passwords at start (hashes only, no password on a command line); `default` may only PING (the health check)
     user: redis
     command: ["sh", "/usr/local/bin/solrl-redis-acl.sh", "/tmp/users.acl",
-              "redis-server", "--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+              "redis-server", "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--dir", "/data",
+              "--protected-mode", "no"]
     environment:
       SOLRL_QUEUE_NAMESPACE: ${SOLRL_QUEUE_NAMESPACE:-solrl:default}
 """ + "".join(f"      SOLRL_REDIS_{r.upper()}_PASSWORD: {_required(f'SOLRL_REDIS_{r.upper()}_PASSWORD')}\n"
@@ -259,6 +260,13 @@ REDIS = """  redis:
       interval: 10s
       timeout: 3s
       retries: 5
+    read_only: true
+    tmpfs: ["/tmp"]   # the ACL file
+    cap_drop: [ALL]
+    security_opt: ["no-new-privileges:true"]
+    pids_limit: 64
+    mem_limit: 4g
+    cpus: 2
     restart: unless-stopped
 
 """

@@ -14,6 +14,7 @@ SOLRL_REQUIRE_DEPLOY_TOOLS=1 (set by CI), where it fails.
 from __future__ import annotations
 
 import argparse
+import atexit
 import inspect
 import json
 import os
@@ -23,6 +24,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,7 +43,10 @@ from services.common.env import (
     ENV_REDIS_PASSWORD,
     ENV_REDIS_URL,
     ENV_REWARD_ADDR,
+    FILE_SUFFIX,
+    secret,
 )
+from services.common.logs import ENV_LOG_FORMAT, ENV_LOG_LEVEL
 from services.explorer import server as explorer_server
 from services.regenerator import server as regenerator_server
 from services.reward import server as reward_server
@@ -109,10 +114,18 @@ OPTIONAL["reward"] = set(re.findall(r"SOLRL_[A-Z0-9_]+", " ".join(reward_info(n)
 for _role in ROLES:
     if "read_data_token(" in run_source(_role):
         OPTIONAL[_role].add(ENV_DATA_TOKEN)
+    # the services' logging, which `solrl serve` sets up for every role before it runs (solrl/cli/serve.py)
+    OPTIONAL[_role] |= {ENV_LOG_LEVEL, ENV_LOG_FORMAT}
+# every secret a role reads may come from a file instead (services.common.env.secret: <NAME>_FILE)
+SECRET_NAMES = {ENV_ADAPTER_TOKEN, ENV_DATA_TOKEN, ENV_REDIS_PASSWORD, ENV_QUEUE_KEY}
+for _role in ROLES:
+    OPTIONAL[_role] |= {n + FILE_SUFFIX for n in (READS[_role] | OPTIONAL[_role]) & SECRET_NAMES}
 
 
 def check_env(where: str, role: str, declared: set[str]) -> None:
     solrl = {n for n in declared if n.startswith("SOLRL_")}
+    # a secret given as a file (<NAME>_FILE) is given
+    solrl |= {n.removesuffix(FILE_SUFFIX) for n in solrl if n.removesuffix(FILE_SUFFIX) in SECRET_NAMES}
     missing, extra = READS[role] - solrl, solrl - READS[role] - OPTIONAL[role]
     assert not missing and not extra, f"{where}: missing {sorted(missing)}, not read by solrl serve {sorted(extra)}"
 
@@ -161,50 +174,84 @@ COMPOSE_SECRETS = {ENV_ADAPTER_TOKEN: "test-token", ENV_DATA_TOKEN: "test-data-t
                    ENV_QUEUE_KEY: "test-queue-key-0123456789abcdef",
                    **{f"SOLRL_REDIS_{r.upper()}_PASSWORD": f"test-{r}-redis-password" for r in QUEUE_ROLES}}
 REDIS_ACL_SCRIPT = ROOT / "k8s" / "base" / "redis-acl.sh"
+# docker-compose.cpu.yml takes the same secrets as files (compose `secrets:`, one file each in SOLRL_SECRETS_DIR, at
+# /run/secrets/<name> in the containers, named by the roles' SOLRL_*_FILE variables)
+SECRET_FILES = {ENV_ADAPTER_TOKEN: "adapter_token", ENV_DATA_TOKEN: "data_token", ENV_QUEUE_KEY: "queue_key",
+                **{f"SOLRL_REDIS_{r.upper()}_PASSWORD": f"redis_{r}_password" for r in QUEUE_ROLES}}
+SECRETS_DIR = Path(tempfile.mkdtemp(prefix="solrl-compose-secrets-"))
+atexit.register(shutil.rmtree, SECRETS_DIR, True)
+for _name, _file in SECRET_FILES.items():
+    (SECRETS_DIR / _file).write_text(COMPOSE_SECRETS[_name] + "\n")
+# what a user gives every compose file: the secrets in the environment and as files
+COMPOSE_ENV = {**COMPOSE_SECRETS, "SOLRL_SECRETS_DIR": str(SECRETS_DIR)}
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
 def test_compose_config_is_valid(name):
     exe = tool("docker-compose")
-    env = {**os.environ, **COMPOSE_SECRETS}
+    env = {**os.environ, **COMPOSE_ENV}
     proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, proc.stderr
-    # without any one secret the file refuses to start rather than run unauthenticated or unsigned
-    for secret in COMPOSE_SECRETS:
+    # without any one secret (the CPU file: without its secrets' directory) the file refuses to start rather than run
+    # unauthenticated or unsigned
+    required = set(re.findall(r"\$\{(\w+):\?", (ROOT / name).read_text()))
+    assert required == ({"SOLRL_SECRETS_DIR"} if name == "docker-compose.cpu.yml" else set(COMPOSE_SECRETS)), required
+    for var in required:
         proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, capture_output=True, text=True,
-                              check=False, env={k: v for k, v in env.items() if k != secret})
-        assert proc.returncode != 0 and f"set {secret}" in proc.stderr, secret
+                              check=False, env={k: v for k, v in env.items() if k != var})
+        assert proc.returncode != 0 and f"set {var}" in proc.stderr, var
+
+
+def compose_config(name: str) -> dict:
+    exe = tool("docker-compose")
+    env = {**os.environ, **COMPOSE_ENV}
+    out = subprocess.run([exe, "-f", name, "config"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    return yaml.safe_load(out.stdout)
 
 
 def compose_services(name: str) -> dict:
-    exe = tool("docker-compose")
-    env = {**os.environ, **COMPOSE_SECRETS}
-    out = subprocess.run([exe, "-f", name, "config"], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-    return yaml.safe_load(out.stdout)["services"]
+    return compose_config(name)["services"]
+
+
+def given(config: dict, service: str, name: str) -> str:
+    """The secret `name` as the service gets it: its environment's value, or the file its <name>_FILE names (one of
+    the service's compose `secrets:`, read from the host file compose mounts there)."""
+    svc = config["services"][service]
+    env = svc["environment"]
+    if name in env:
+        return str(env[name])
+    path = env[name + FILE_SUFFIX]
+    source = path.removeprefix("/run/secrets/")
+    assert path.startswith("/run/secrets/") and {"source": source} in svc["secrets"], (service, name, path)
+    return Path(config["secrets"][source]["file"]).read_text().rstrip("\n")
 
 
 @pytest.mark.parametrize("name", COMPOSE_FILES)
 def test_compose_ports_and_env_match_what_solrl_serve_reads(name):
-    services = compose_services(name)
+    config = compose_config(name)
+    services = config["services"]
     roles = {role_of(s) for s in services} - {"redis"}
     assert roles == set(ROLES)
     for svc_name, svc in services.items():
         role = role_of(svc_name)
         if role == "redis":
             assert "--appendonly" in svc["command"] and "yes" in svc["command"]
-            check_compose_redis(svc)
+            check_compose_redis(config, svc_name)
             continue
         env = svc["environment"]
         check_env(f"{name}: {svc_name}", role, set(env))
-        assert env[ENV_DATA_TOKEN] == COMPOSE_SECRETS[ENV_DATA_TOKEN], svc_name   # the doors closed in every role
+        if name == "docker-compose.cpu.yml":   # files: no secret in any container's environment
+            assert not [k for k, v in env.items() if str(v) in COMPOSE_SECRETS.values()], svc_name
+        # the doors closed in every role
+        assert given(config, svc_name, ENV_DATA_TOKEN) == COMPOSE_SECRETS[ENV_DATA_TOKEN], svc_name
         grpc_port, http_port = PORTS[role]
         assert (int(env[ENV_GRPC_PORT]), int(env[ENV_HTTP_PORT])) == (grpc_port, http_port), svc_name
         if ENV_REDIS_URL in env:
             # the role's own ACL user in the URL, its password (and the queue key) from the user's environment
             assert env[ENV_REDIS_URL] == f"redis://{role}@redis:6379/0"
-            assert env[ENV_REDIS_PASSWORD] == COMPOSE_SECRETS[f"SOLRL_REDIS_{role.upper()}_PASSWORD"]
-            assert env[ENV_QUEUE_KEY] == COMPOSE_SECRETS[ENV_QUEUE_KEY]
+            assert given(config, svc_name, ENV_REDIS_PASSWORD) == COMPOSE_SECRETS[f"SOLRL_REDIS_{role.upper()}_PASSWORD"]
+            assert given(config, svc_name, ENV_QUEUE_KEY) == COMPOSE_SECRETS[ENV_QUEUE_KEY]
             assert env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
         if ENV_REWARD_ADDR in env:
             assert env[ENV_REWARD_ADDR] == f"reward:{PORTS['reward'][0]}"
@@ -225,17 +272,18 @@ def test_compose_ports_and_env_match_what_solrl_serve_reads(name):
         assert set(addrs) == expected  # the trainer pushes adapters to every rollout service
 
 
-def check_compose_redis(svc: dict) -> None:
-    """Redis runs k8s/base/redis-acl.sh (mounted read-only) with every role's password from the environment: no
-    password on its command line, and the unauthenticated health check may still PING."""
+def check_compose_redis(config: dict, name: str) -> None:
+    """Redis runs k8s/base/redis-acl.sh (mounted read-only) with every role's password from the environment or its
+    file: no password on its command line, and the unauthenticated health check may still PING."""
+    svc = config["services"][name]
     command, env = svc["command"], svc["environment"]
     assert command[:3] == ["sh", "/usr/local/bin/solrl-redis-acl.sh", "/tmp/users.acl"] and command[3] == "redis-server"
     assert f"{REDIS_ACL_SCRIPT}:/usr/local/bin/solrl-redis-acl.sh:ro" in svc["volumes"]
     assert svc["user"] == "redis"
     for role in QUEUE_ROLES:
-        name = f"SOLRL_REDIS_{role.upper()}_PASSWORD"
-        assert env[name] == COMPOSE_SECRETS[name]
-        assert not [a for a in command if COMPOSE_SECRETS[name] in a]
+        secret = f"SOLRL_REDIS_{role.upper()}_PASSWORD"
+        assert given(config, name, secret) == COMPOSE_SECRETS[secret]
+        assert not [a for a in command if COMPOSE_SECRETS[secret] in a]
     assert env[ENV_QUEUE_NAMESPACE] == DEFAULT_NAMESPACE
     assert svc["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
 
@@ -480,6 +528,36 @@ def overlay_run(by_kind: dict):
 
 
 # overlay: (the GPU kind it places on, the explorer's Transformer Engine format, the preset it trains)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_k8s_every_container_is_hardened_as_the_compose_roles_are(k8s_tree, overlay):
+    """What tests/deploy/test_compose_engine.py inspects on the engine, in every workload of the overlay: a non-root
+    user, the runtime's seccomp profile, a read-only root filesystem written only through volumes (emptyDir, PVC),
+    no capability, no privilege gain, CPU and memory limits; secrets from Secrets, never literals."""
+    docs = kustomize(k8s_tree, overlay)
+    workloads = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet", "Job", "DaemonSet")]
+    assert {d["metadata"]["name"] for d in workloads} >= {*ROLES, "redis"}
+    for w in workloads:
+        pod = w["spec"]["template"]["spec"]
+        where = f"{overlay}: {w['kind']} {w['metadata']['name']}"
+        psc = pod["securityContext"]
+        assert psc["runAsNonRoot"] is True and psc["runAsUser"] > 0, where
+        assert psc["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC"), where
+        kinds = {v["name"]: next(k for k in v if k != "name") for v in pod.get("volumes", [])}
+        claims = {t["metadata"]["name"] for t in w["spec"].get("volumeClaimTemplates", [])}
+        for c in pod["containers"] + pod.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, where
+            assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged"), where
+            assert {"cpu", "memory"} <= set(c["resources"]["limits"]), where
+            for m in c.get("volumeMounts", []):
+                if not m.get("readOnly"):
+                    assert m["name"] in claims or kinds[m["name"]] in ("emptyDir", "persistentVolumeClaim"), (where, m)
+            for e in c.get("env", []):
+                if re.search(r"TOKEN|PASSWORD|KEY$", e["name"]) and not e["name"].endswith("_NAMESPACE"):
+                    assert "secretKeyRef" in e.get("valueFrom", {}), (where, e["name"])
+
+
 GPU_OVERLAYS = {"b200": ("b200", "nvfp4", ""), "hopper": ("h100", "fp8", "sd35l-sol-rl")}
 
 
@@ -626,8 +704,9 @@ class Image:
         self.expose: list[str] = []
         self.healthcheck: list[str] | None = None
         self.entrypoint: list[str] | None = None
-        self.runs: list[str] = []         # every RUN, in build order
-        self.checks: list[str] = []       # the RUNs that read a build argument, run here
+        self.runs: list[str] = []         # every RUN, in build order (with those of the stages copied from)
+        self.checks: list[str] = []       # the RUNs that read a build argument and only check it, run here
+        self.copies: list[tuple[str, str, str | None]] = []   # COPY (source, destination, --from stage), expanded
 
 
 def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
@@ -671,10 +750,10 @@ def dockerfile_image(args: dict[str, str], target: str | None = None) -> Image:
     globals_ = {k: args.get(k, v) for k, v in global_args.items() if args.get(k, v) is not None}
     image = Image()
 
-    def build(stage: dict) -> None:
+    def build(stage: dict, image: Image) -> None:
         base = _expand(stage["base"], globals_)
         if base in named:
-            build(named[base])           # FROM <stage>: its filesystem and configuration
+            build(named[base], image)    # FROM <stage>: its filesystem and configuration
         else:
             image.stages.append(base)    # an external image: its configuration is not modelled
         image.stages.append(stage["name"] or "(last stage)")
@@ -692,7 +771,10 @@ def dockerfile_image(args: dict[str, str], target: str | None = None) -> Image:
                     image.env[key] = _expand(value, variables)
             elif instr == "RUN":
                 image.runs.append(rest)
-                if any(re.search(rf"\$\{{?{name}\b", rest) for name in scope):
+                # a RUN reading build arguments either only checks them (run here) or installs from the wheelhouse by
+                # them (services/Dockerfile's deps: the wheels are not here), never more
+                if any(re.search(rf"\$\{{?{name}\b", rest) for name in scope) and \
+                        not re.search(r"\bpip install --quiet --no-index\b", rest):
                     assert not re.search(r"\b(pip|apt-get|useradd|chown|curl|wget)\b", rest), \
                         f"a RUN reading build arguments should only check them: {rest}"
                     image.checks.append(rest)
@@ -709,10 +791,22 @@ def dockerfile_image(args: dict[str, str], target: str | None = None) -> Image:
                 image.healthcheck = json.loads(rest.split(" CMD ", 1)[1])
             elif instr == "ENTRYPOINT":
                 image.entrypoint = json.loads(rest)
+            elif instr == "COPY":
+                words = rest.split()
+                source = next((w.partition("=")[2] for w in words if w.startswith("--from=")), None)
+                paths = [_expand(w, variables) for w in words if not w.startswith("--")]
+                image.copies += [(src, paths[-1], source) for src in paths[:-1]]
+                if source is not None:   # COPY --from=<stage>: that stage is built, its files alone taken
+                    other = Image()
+                    build(named[source], other)
+                    image.runs += other.runs
+                    image.checks += other.checks
+                    image.copies += other.copies
+                    image.stages.append(f"{source} (copied from)")
             else:
-                assert instr in ("WORKDIR", "COPY"), f"unmodelled instruction {instr} {rest}"
+                assert instr == "WORKDIR", f"unmodelled instruction {instr} {rest}"
 
-    build(named[target] if target else stages[-1])
+    build(named[target] if target else stages[-1], image)
     return image
 
 
@@ -737,7 +831,8 @@ def entry_command(image: Image, args: list[str], env: dict[str, str] | None = No
                         '"$@"\n')
         stub.chmod(0o755)
         proc = subprocess.run([*image.entrypoint, *args], capture_output=True, text=True, check=True, timeout=30,
-                              env={"PATH": f"{stub_dir}:{os.environ['PATH']}", **image.env, **(env or {})})
+                              env={**image.env, **(env or {}),
+                                   "PATH": f"{stub_dir}:{image.env.get('PATH', '')}:{os.environ['PATH']}"})
     return ["solrl", *json.loads(proc.stdout)]
 
 
@@ -779,19 +874,21 @@ def test_dockerfile_targets_user_healthcheck_and_entry(role):
     for flavor, target in [(f, f) for f in FLAVORS] + [(f, None) for f in FLAVORS]:
         image = dockerfile_image(role_args(role, flavor), target)
         where = f"{role}, FLAVOR={flavor}, --target {target}"
-        assert f"{flavor}-base" in image.stages and f"{'gpu' if flavor == 'cpu' else 'cpu'}-base" not in image.stages
+        # one base for both flavors; FLAVOR's wheelhouse, installed in the deps stage with no index (no network in
+        # the build) and taken into the image as the environment alone
+        assert image.stages[0] == "python:3.11-slim-bookworm" and "deps (copied from)" in image.stages, where
+        assert ("build/wheelhouse/" + flavor, "/wheels", None) in image.copies, where
+        assert ("/opt/venv", "/opt/venv", "deps") in image.copies and image.env["PATH"].startswith("/opt/venv/bin:")
+        installs = [r for r in image.runs if re.search(r"\bpip install\b", r)]
+        assert installs and all("--no-index" in r for r in installs), where
         assert image.checks, "the build checks its arguments"
-        base_runs = " ".join(image.runs)
-        assert ("torch==2.13.0" in base_runs) == (flavor == "cpu"), where   # the GPU base brings its own torch
-        # Transformer Engine in exactly the roles that run it, pinned, from the te-wheels stage, import-checked
-        te_runs = [r for r in image.runs if "transformer-engine" in r or "transformer_engine" in r]
-        if flavor == "gpu" and role in TE_ROLES:
-            assert "app-te" in image.stages and len(te_runs) == 1, where
-            assert f'"transformer-engine[pytorch]=={TE_VERSION}"' in te_runs[0], where
-            assert "from=te-wheels" in te_runs[0] and "--find-links /wheels" in te_runs[0], where
-            assert te_runs[0].endswith('python -c "import transformer_engine.pytorch, peft"'), where
-        else:
-            assert "app-te" not in image.stages and not te_runs, where
+        # Transformer Engine in exactly the roles that run it (ENGINE=te), pinned, from the wheelhouse, import-checked
+        (deps,) = [r for r in image.runs if "-r /wheels/requirements.txt" in r]
+        te = re.search(r'if \[ "\$ENGINE" = te \]; then(.*?); fi', deps)
+        assert te and f'"transformer-engine[pytorch]=={TE_VERSION}"' in te.group(1), where
+        assert "--find-links /wheels" in te.group(1), where
+        assert te.group(1).strip().endswith('python -c "import transformer_engine.pytorch, peft"'), where
+        assert role_args(role, flavor)["ENGINE"] == ("te" if flavor == "gpu" and role in TE_ROLES else "none")
         assert any("python -m solrl.protos_build" in r for r in image.runs)  # stubs generated in the build
         assert image.user and image.user not in ("root", "0"), where
         assert any(f"useradd --uid {image.user} " in r for r in image.runs), where
@@ -817,20 +914,27 @@ def test_dockerfile_targets_user_healthcheck_and_entry(role):
         server.close()
 
 
-def test_transformer_engine_is_built_once_pinned_for_hopper_and_blackwell():
-    """The te-wheels stage: every Transformer Engine package at one pinned version (the `gpu` extra's), the PyTorch
-    binding compiled for sm_90 and sm_100 only; never in the CPU / test install."""
+def test_transformer_engine_is_pinned_for_hopper_and_blackwell_and_only_in_the_gpu_wheelhouse():
+    """services/images/wheelhouse.py: every Transformer Engine package at one pinned version (the `gpu` extra's, which
+    the Dockerfile installs), the PyTorch binding compiled for sm_90 and sm_100 only; never in the CPU wheelhouse or
+    the CPU / test install."""
+    import importlib.util
+
     import tomllib
 
-    stages = re.split(r"^FROM ", DOCKERFILE.read_text(), flags=re.MULTILINE)
-    (te,) = [st for st in stages if st.split("\n", 1)[0].endswith(" AS te-wheels")]
-    env = dict(i.partition("=")[::2] for instr, rest in dockerfile_instructions("FROM x\n" + te) if instr == "ENV"
-               for i in shlex.split(rest))
+    spec = importlib.util.spec_from_file_location("wheelhouse", ROOT / "services" / "images" / "wheelhouse.py")
+    wheelhouse = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wheelhouse)
+    env = wheelhouse.TE_BUILD_ENV
     assert env["NVTE_CUDA_ARCHS"] == "90;100" and env["TORCH_CUDA_ARCH_LIST"] == "9.0;10.0", env
     assert env["NVTE_FRAMEWORK"] == "pytorch" and int(env["MAX_JOBS"]) > 0
-    pins = re.findall(r"transformer[-_]engine[\w\-\[\]]*==([\w.]+)", DOCKERFILE.read_text())
-    assert len(pins) >= 4 and set(pins) == {TE_VERSION}, pins
-    assert "transformer-engine-torch==" in te and "--no-build-isolation" in te
+    pins = re.findall(r"transformer[-_]engine[\w\-\[\]]*==([\w.]+)", DOCKERFILE.read_text() +
+                      (ROOT / "services" / "images" / "wheelhouse.py").read_text())
+    assert len(pins) >= 3 and set(pins) == {TE_VERSION}, pins
+    assert wheelhouse.TE_BINDING == f"transformer-engine-torch=={TE_VERSION}"
+    assert wheelhouse.TE in wheelhouse.requirements("gpu") and not [r for r in wheelhouse.requirements("cpu")
+                                                                    if "transformer" in r and "engine" in r]
+    assert "torch==2.13.0" in wheelhouse.requirements("cpu") and "torch==2.13.0" in wheelhouse.requirements("gpu")
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["gpu"] == [f"transformer-engine[pytorch]=={TE_VERSION}"]
     assert not [d for name, deps in extras.items() if name != "gpu" for d in deps if "transformer" in d and "engine" in d]
@@ -858,7 +962,8 @@ def test_dockerfile_refuses_a_missing_or_unknown_role_and_a_mismatched_flavor():
         with pytest.raises(BuildRefused, match=re.escape(says)):
             dockerfile_image(args, target)
     # --target cpu with no FLAVOR is the CPU image (FLAVOR defaults to cpu)
-    assert "cpu-base" in dockerfile_image({k: v for k, v in good.items() if k != "FLAVOR"}, "cpu").stages
+    assert ("build/wheelhouse/cpu", "/wheels", None) in \
+        dockerfile_image({k: v for k, v in good.items() if k != "FLAVOR"}, "cpu").copies
 
 
 def test_trainer_expands_headless_service_addresses():
@@ -955,9 +1060,14 @@ class ComposeAsProcesses:
         script = mounts[command[1]]   # the host file the container runs
         port = int(self.moved["redis:6379"].rpartition(":")[2])
         (self.tmp / "redis").mkdir(exist_ok=True)
-        argv = ["sh", script, str(self.tmp / "redis" / "users.acl"), *command[3:],
-                "--port", str(port), "--bind", "127.0.0.1", "--dir", str(self.tmp / "redis")]
-        env = {k: str(v) for k, v in svc["environment"].items()}
+        args = list(command[3:])   # redis-server and its options; its data directory (the redis-data volume) here
+        if "--dir" in args:
+            assert args[args.index("--dir") + 1] == "/data" and "redis-data:/data:rw" in svc["volumes"], args
+            args[args.index("--dir") + 1] = str(self.tmp / "redis")
+        else:
+            args += ["--dir", str(self.tmp / "redis")]
+        argv = ["sh", script, str(self.tmp / "redis" / "users.acl"), *args, "--port", str(port), "--bind", "127.0.0.1"]
+        env = {k: self.here(str(v)) for k, v in svc["environment"].items()}
         env[ENV_QUEUE_NAMESPACE] = self.namespace
         log_path = self.tmp / "redis.log"
         self.logs.append(log_path)
@@ -975,10 +1085,16 @@ class ComposeAsProcesses:
                 assert time.monotonic() < deadline, log_path.read_text()
                 time.sleep(0.1)
 
+    def here(self, value: str) -> str:
+        """A container path compose mounts a secret's file at (/run/secrets/<name>): that file on this machine."""
+        if value.startswith("/run/secrets/"):
+            return self.compose["secrets"][value.removeprefix("/run/secrets/")]["file"]
+        return value
+
     def env(self, name: str) -> dict[str, str]:
         env = {k: v for k, v in self.images[name].env.items() if k.startswith("SOLRL_")}
         for key, value in self.services[name]["environment"].items():
-            value = str(value)
+            value = self.here(str(value))
             for there, here in self.moved.items():
                 value = value.replace(there, here)
             env[key] = value
@@ -1054,7 +1170,7 @@ def _redis_or_skip(url: str):
 def _run_stack(tmp: Path, run_id: str, restart_trainer: bool) -> tuple[Path, ComposeAsProcesses]:
     """reward, explorer, regenerator, trainer in compose's dependency order; the trainer runs to its end
     (with restart_trainer: killed once its first epoch is checkpointed and started again, unchanged)."""
-    stack = ComposeAsProcesses(tmp, {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_SET": DEPLOY_SET,
+    stack = ComposeAsProcesses(tmp, {**COMPOSE_ENV, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_SET": DEPLOY_SET,
                                      "SOLRL_RUN_ID": run_id}, f"solrl-test-deploy-{run_id}-{os.getpid()}")
     run_dir = stack.runs / run_id
     try:
@@ -1090,12 +1206,14 @@ def forge_rollouts(stack: ComposeAsProcesses) -> None:
     from solrl.queue import message_tag
 
     port = int(stack.moved["redis:6379"].rpartition(":")[2])
-    regen = redis_py.Redis(port=port, username="regenerator", password=stack.env("regenerator")[ENV_REDIS_PASSWORD])
+    regen = redis_py.Redis(port=port, username="regenerator",
+                           password=secret(stack.env("regenerator"), ENV_REDIS_PASSWORD))
     key = f"{stack.namespace}:rollouts"
     regen.xadd(key, {"p": b"forged, unsigned", "k": "forged-1:0"})
     tag = message_tag(b"not-the-run-key-0123456789", stack.namespace, "rollouts", "forged-2:0", b"forged")
     regen.xadd(key, {"p": tag + b"forged", "k": "forged-2:0"})
-    explorer = redis_py.Redis(port=port, username="explorer", password=stack.env("explorer")[ENV_REDIS_PASSWORD])
+    explorer = redis_py.Redis(port=port, username="explorer",
+                              password=secret(stack.env("explorer"), ENV_REDIS_PASSWORD))
     with pytest.raises(redis_py.exceptions.NoPermissionError):
         explorer.xadd(key, {"p": b"x"})
 
@@ -1123,8 +1241,8 @@ def test_cpu_compose_as_shipped_finishes_a_run_and_a_restarted_trainer_ends_wher
     assert "resum" in trainer_logs[1].lower() and "after epoch 1" in trainer_logs[1]
     assert "dropped message" in trainer_logs[0] and "forged-1:0" in trainer_logs[0], trainer_logs[0][-3000:]
     for log in stack.logs:
-        for secret in (TOKEN, *COMPOSE_SECRETS.values()):
-            assert secret not in log.read_text(), log.name   # no secret is ever printed
+        for value in (TOKEN, *COMPOSE_SECRETS.values()):
+            assert value not in log.read_text(), log.name   # no secret is ever printed
 
 
 def _role_settings(role: str, args: list[str], env: dict[str, str], files: dict[str, Path]):
@@ -1160,7 +1278,7 @@ def test_compose_gives_every_role_one_run(name, cuda_stand_in):
     """The trainer's start-up check, applied to the file itself: the settings each rollout service
     resolves from its command and environment are those the trainer trains (with and without SOLRL_SET)."""
     for user_set in (None, "reward=jpeg_compressibility rollout.steps=4"):
-        env = {**os.environ, **COMPOSE_SECRETS}
+        env = {**os.environ, **COMPOSE_ENV}
         if user_set is not None:
             env["SOLRL_SET"] = user_set
         out = subprocess.run([tool("docker-compose"), "-f", name, "config"], cwd=ROOT, env=env, capture_output=True,
@@ -1198,7 +1316,7 @@ def trainer_entry(source: str, tmp: Path, run_set: str | None = DEPLOY_SET) -> t
     entrypoint + command; k8s: command + args) and environment (compose: the image's SOLRL_* ENV under the
     service's; k8s: the container's env, its completion index as pod 0 has it), for the run_set run (the user's
     SOLRL_SET; None: the file's own)."""
-    user = {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_RUN_ID": "entry",
+    user = {**COMPOSE_ENV, ENV_ADAPTER_TOKEN: TOKEN, "SOLRL_RUN_ID": "entry",
             **({"SOLRL_SET": run_set} if run_set is not None else {})}
     if source.startswith("k8s/"):
         tree = k8s_copy(tmp, TOKEN)
