@@ -37,8 +37,9 @@ def _shapes_base(name: str, mode: str) -> RunConfig:
 
     The explorer is the emulated NVFP4 one on every machine. Where the CPU has BF16 instructions, the real-kernel
     `bf16-cpu` explorer's forward costs 0.55-0.68x the FP32 one (benchmarks/results/rollout-bf16cpu*.md), but the
-    demo's learning with it is not shown yet (one run seed on a Xeon with AMX: +0.046 at epoch 12 against the
-    emulation's +0.066 on the same seed; docs/results.md), so it is a choice, portable across machines:
+    demo's learning with it falls short of its goal (three run seeds on a Xeon with AMX: +0.058 and 1.24x exact match
+    at epoch 12 against the emulation's +0.066 and 1.39x; benchmarks/results/demo_explorer_bf16cpu.md), so it is a
+    choice, portable across machines:
     `--set rollout.explore_precision.backend=bf16-cpu --set rollout.explore_precision.fallback=nvfp4-emu`."""
     cfg = RunConfig(name=name, seed=0, epochs=12, threads=0)
     cfg.lora = LoraConfig(rank=16, alpha=32.0)
