@@ -120,6 +120,12 @@ class BudgetMiddleware:
     def __init__(self, app: Any, budget: InflightBudget) -> None:
         self.app, self.budget = app, budget
 
+    def __getattr__(self, name: str) -> Any:
+        # the wrapped app's own attributes (FastAPI's openapi(), routes, state) stay reachable through the middleware
+        if name == "app":   # not set yet: no recursion
+            raise AttributeError(name)
+        return getattr(self.app, name)
+
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)

@@ -245,9 +245,11 @@ def test_evaluation_copies_the_summary_fields_its_scorer_reports():
                           Lit())
     r2, r3 = summary["results"]["2"], summary["results"]["3"]
     assert eval_metrics(summary) == {"eval.mean_reward": 0.25, "eval.flat_share": r2["flat_share"],
-                                     "eval.mean_reward_not_flat": r2["mean_reward_not_flat"], "eval.lit": r2["lit"],
-                                     "eval.scored": 2}
-    assert list(r2) == ["mean_reward", "n", "flat_share", "mean_reward_not_flat", "sample_time_s", "lit", "lit_by_seed"]
+                                     "eval.mean_reward_not_flat": r2["mean_reward_not_flat"],
+                                     "eval.diversity": r2["diversity"], "eval.duplicate_share": r2["duplicate_share"],
+                                     "eval.lit": r2["lit"], "eval.scored": 2}
+    assert list(r2) == ["mean_reward", "n", "flat_share", "mean_reward_not_flat", "sample_time_s", "lit", "lit_by_seed",
+                        "diversity", "duplicate_share"]
     assert r2["lit"] != r3["lit"] and r2["mean_reward_not_flat"] in (0.25, None)
     assert summary["reward"] == "lit" and "lit_by_seed" not in summary
 
