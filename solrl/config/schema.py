@@ -307,7 +307,7 @@ class RunConfig:
             why = cannot_run_here(pc.backend, self._model_device())
             if why is None:
                 pc.fallback = ""
-                here = getattr(build_backend(pc), "environment", lambda: "")()
+                here = build_backend(pc).environment()
                 pc.note = f"{pc.backend}: it runs here" + (f" ({here})" if here else "")
             else:
                 pc.note = f"{pc.fallback} instead of {pc.backend}: {why.split('. ')[0]}"   # its first sentence

@@ -115,6 +115,10 @@ class PrecisionBackend:
         self.cfg = cfg
         self.quantized_names: tuple[str, ...] = ()
 
+    def environment(self) -> str:
+        """What on this machine lets it run, for a run's note ("" when nothing is machine-specific)."""
+        return ""
+
     def prepare(self, model: nn.Module) -> nn.Module:
         """Convert `model` in place and return it; sets `quantized_names`."""
         raise NotImplementedError

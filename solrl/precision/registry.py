@@ -72,15 +72,7 @@ def available_backends() -> list[str]:
 def runnable_backends() -> list[str]:
     """The registered backends this machine can run: those without a machine check (`check_environment`, the
     Transformer Engine ones: CUDA, compute capability, the package) or whose check passes."""
-    out = []
-    for name in available_backends():
-        backend = build_backend(PrecisionConfig(name))
-        try:
-            getattr(backend, "check_environment", lambda: None)()
-        except RuntimeError:
-            continue
-        out.append(name)
-    return out
+    return [name for name in available_backends() if cannot_run_here(name, "") is None]
 
 
 def cannot_run_here(name: str, device: str) -> str | None:
