@@ -13,12 +13,15 @@ def compute_advantages(
     rewards_N: Sequence[float] | Tensor,
     group_ids_N: Sequence[Hashable] | Tensor,
     eps: float = 1e-4,
+    std: str = "global",
 ) -> Tensor:
-    """A = (r - mean of r's group) / (std of all r + eps), float64 [N].
+    """A = (r - mean of r's group) / (std + eps), float64 [N].
 
-    The std is the population std (ddof=0) over the whole batch: the reference tracker
+    std="global": the population std (ddof=0) over the whole batch: the reference tracker
     (NVlabs/DiffusionNFT `flow_grpo/stat_tracking.py`, `global_std=True`) uses `np.std`, whose
-    default is ddof=0, not torch.std's unbiased ddof=1. Groups are usually prompts.
+    default is ddof=0, not torch.std's unbiased ddof=1. std="prompt": each group's own population std,
+    as that tracker with `global_std=False` (yifan123/flow_grpo's per-prompt stat tracking). Groups are
+    usually prompts.
     """
     source = rewards_N.detach().cpu() if isinstance(rewards_N, Tensor) else rewards_N
     rewards = torch.as_tensor(source, dtype=torch.float64)
@@ -31,13 +34,18 @@ def compute_advantages(
         raise ValueError(f"group_ids_N must have {rewards.numel()} entries (one per reward), got {len(groups)}")
     if not math.isfinite(eps) or eps <= 0:
         raise ValueError(f"eps must be a finite float > 0, got {eps!r}")
+    if std not in ("global", "prompt"):
+        raise ValueError(f"std must be 'global' or 'prompt', got {std!r}")
 
     index_of: dict[Hashable, int] = {}
     group_index = torch.tensor([index_of.setdefault(g, len(index_of)) for g in groups], dtype=torch.long)
     sums = torch.zeros(len(index_of), dtype=torch.float64).index_add_(0, group_index, rewards)
     counts = torch.bincount(group_index, minlength=len(index_of)).to(torch.float64)
     group_mean = (sums / counts)[group_index]
-    return (rewards - group_mean) / (rewards.std(correction=0) + eps)
+    if std == "global":
+        return (rewards - group_mean) / (rewards.std(correction=0) + eps)
+    sq = torch.zeros(len(index_of), dtype=torch.float64).index_add_(0, group_index, (rewards - group_mean) ** 2)
+    return (rewards - group_mean) / ((sq / counts).sqrt()[group_index] + eps)
 
 
 def threshold_groups(

@@ -42,6 +42,7 @@ def select(
     k: int,
     mode: str = "best_worst",
     generator: torch.Generator | None = None,
+    valid: Sequence[bool] | None = None,
 ) -> list[int]:
     """Indices of the k scores to keep.
 
@@ -52,6 +53,10 @@ def select(
     - "extremes_random": the argmax and argmin (sorted by index, one if they coincide), then random
       others to make k; if k is no more than the extremes, the first k of them.
     Ties go to the lower index. Unlike the reference, an out-of-range k is an error, not clamped.
+
+    `valid` (one bool a score; the validity gate, `guard.gate`): the failing candidates are left out while k valid
+    ones remain; when fewer remain, as many failing ones as k needs are taken (the lowest-scored first) and a
+    best_worst selection puts them in its worst half. None: every candidate is valid.
     """
     values = _score_list(scores)
     n = len(values)
@@ -64,6 +69,8 @@ def select(
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     k = int(k)
+    if valid is not None:
+        return _gated(values, k, mode, generator, valid)
 
     if mode == "best_worst":
         if k % 2:
@@ -83,6 +90,21 @@ def select(
     rest = [i for i in range(n) if i not in extremes]
     picks = torch.randperm(len(rest), generator=generator).tolist()[: k - len(extremes)]
     return extremes + [rest[j] for j in picks]
+
+
+def _gated(values: list[float], k: int, mode: str, generator: torch.Generator | None, valid: Sequence[bool]) -> list[int]:
+    ok = [bool(v) for v in valid]
+    if len(ok) != len(values):
+        raise ValueError(f"valid must have one entry a score ({len(values)}), got {len(ok)}")
+    keep = [i for i in range(len(values)) if ok[i]]
+    if len(keep) < k:   # too few pass: the failing ones that k needs, lowest-scored first
+        keep += sorted((i for i in range(len(values)) if not ok[i]), key=lambda i: (values[i], i))[: k - len(keep)]
+    if mode == "best_worst":
+        best = sorted(keep, key=lambda i: (not ok[i], -values[i], i))[: k // 2]
+        taken = set(best)
+        return best + sorted((i for i in keep if i not in taken), key=lambda i: (values[i], i))[: k // 2]
+    sub = select([values[i] for i in keep], k, mode, generator)
+    return [keep[j] for j in sub]
 
 
 # ---------------------------------------------------------------- how well a proxy's scores select

@@ -179,6 +179,8 @@ def one_run(preset: str, sets: list[str], run_dir: Path) -> dict[str, Any]:
                            "reward": r["eval.mean_reward"], "exact_match": r.get("eval.exact_match"),
                            "shape_accuracy": r.get("eval.shape_accuracy"), "flat_share": r.get("eval.flat_share"),
                            "reward_not_flat": r.get("eval.mean_reward_not_flat"),
+                           "duplicate_share": r.get("eval.duplicate_share"),
+                           "ref": {k[len("eval.ref."):]: v for k, v in r.items() if k.startswith("eval.ref.")},
                            "components": {k[len("eval.reward_"):]: v for k, v in r.items() if k.startswith("eval.reward_")},
                            "by_form": {k[len("eval.form_"):]: v for k, v in r.items() if k.startswith("eval.form_")}})
         for cal in cals:  # a calibration after epoch e is paid for by epoch e + 1

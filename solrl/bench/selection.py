@@ -52,6 +52,12 @@ from solrl.bench.common import SMALL_RUN, write_results
 from solrl.bench.curve import interval, reward_settings, reward_tag, run_all, threads_per_run
 
 PRESET = "shapes-sol-rl"
+# the constrained reward's floor on the exact shapes reward: a blank canvas scores 0 and the bundled base's samples 0.33 or
+# more at their 5th percentile (256 training-prompt samples, 10 steps; 4% of them score 0.25 or less)
+CONSTRAINT_FLOOR = 0.25
+# the KL guard's weight: the reference's 1e-4 weighs under 1e-7 of the loss on this bed
+# (benchmarks/results/kl_beta_cpu.md), so the guard is measured at a weight where the term can act
+KL_GUARD = 10.0
 # arm -> (settings added to the preset's, what it is)
 ARMS: dict[str, tuple[list[str], str]] = {
     "none": (["rollout.mode=diffusion_nft"], "no selection: the first k seeds of the pool"),
@@ -65,7 +71,21 @@ ARMS: dict[str, tuple[list[str], str]] = {
                       "best/worst by the real-kernel BF16 explorer (torch's native BF16 CPU kernels) at the explore steps"),
     "proxy_bf16cpu4": (["rollout.explore_precision.backend=bf16-cpu", "rollout.explore_steps=4"],
                        "best/worst by the real-kernel BF16 explorer at 4 explore steps"),
+    # the guards against reward hacking (issue: selection without hacking), each on the preset's proxy arm
+    "proxy_gate": (["guard.gate=flat"], "proxy_nvfp4 with the validity gate: a blank canvas is never kept as best and "
+                                        "trains as its group's worst"),
+    "proxy_constrained": (["guard.reference=shapes", f"guard.reference_floor={CONSTRAINT_FLOOR}"],
+                          f"proxy_nvfp4 with the constrained reward: a trained sample whose exact shapes reward is below "
+                          f"{CONSTRAINT_FLOOR} trains as its group's worst"),
+    "proxy_prompt_std": (["train.adv_std=prompt"], "proxy_nvfp4 with each prompt group's own reward std in the advantages "
+                                                   "(per-prompt normalisation)"),
+    "proxy_kl": ([f"train.kl_beta={KL_GUARD}"], f"proxy_nvfp4 with the KL term to the base at kl_beta {KL_GUARD:g}"),
 }
+# the arms run when --arms is not given (the guards are asked for by name: they need a reward other than shapes)
+DEFAULT_ARMS = ("none", "random", "oracle", "proxy_bf16", "proxy_nvfp4", "proxy_fp8", "proxy_bf16cpu", "proxy_bf16cpu4")
+GUARD_ARMS = ("proxy_gate", "proxy_constrained", "proxy_prompt_std", "proxy_kl")
+# the arm the guards are measured against: the preset's proxy without a guard
+GUARDED = "proxy_nvfp4"
 # the arms whose explorer runs real low-precision kernels here: their seconds are the method's, not an emulation's
 REAL_KERNEL_ARMS = ("proxy_bf16cpu", "proxy_bf16cpu4")
 # the timed comparison's reference: naive scaling, the whole pool sampled at full steps in high precision (`oracle`)
@@ -80,9 +100,10 @@ LINKS = [("oracle", "none", "link (a): selection by the true reward against no s
          ("proxy_bf16cpu", "oracle", "link (b): the real-kernel BF16 proxy against the oracle's choice"),
          ("proxy_bf16cpu4", "oracle", "link (b): the real-kernel BF16 proxy at 4 steps against the oracle's choice"),
          ("proxy_nvfp4", "none", "the whole two-stage loop against no selection"),
-         ("proxy_bf16cpu", "none", "the whole two-stage loop, real-kernel explorer, against no selection")]
+         ("proxy_bf16cpu", "none", "the whole two-stage loop, real-kernel explorer, against no selection"),
+         *((g, GUARDED, f"what the guard costs the proxy's learning ({g})") for g in GUARD_ARMS)]
 MECHANISM = ("rollout.half_gap", "rollout.group_std", "train.advantage_abs_mean", "train.grad_norm", "train.drift_old",
-             "proxy_kendall_tau")
+             "proxy_kendall_tau", "rollout.best_flat_share", "guard.demoted_share", "train.kl")
 
 
 def paired(a: list[float], b: list[float]) -> dict[str, Any]:
@@ -154,7 +175,7 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     `extend`: an earlier result of this bench with the same settings (e.g. a committed one, whose run directories are
     gone); its runs are taken as done, so only the seeds, arms and pools it lacks are trained."""
     n_seeds = repeats or (2 if small else 3)
-    counts = parse_arms(arms or tuple(ARMS), n_seeds)
+    counts = parse_arms(arms or DEFAULT_ARMS, n_seeds)
     chosen = tuple(counts)
     n_epochs = epochs or (2 if small else 8)
     sizes = tuple(pools or ((6,) if small else (16,)))
@@ -166,6 +187,8 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
     name = f"selection-{reward_tag(reward)}" if reward and reward != "shapes" else "selection"
     if not small and any(a in REAL_KERNEL_ARMS for a in chosen):  # a timed study: its own files
         name += "-timed"
+    if not small and any(a in GUARD_ARMS for a in chosen):  # a guards study: its own files
+        name += "-guards"
     if not small and sizes != (16,):  # another pool study than the default gets its own files beside the default's
         name += "-n" + "-".join(map(str, sizes))
     if small:
@@ -239,10 +262,16 @@ def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
                                   for i in range(len(epochs))]
         arm["final"] = dict(zip(("mean", "ci95"), _round(*interval([r["points"][-1]["reward"] for r in runs]))))
         arm["cost_per_epoch"] = float(np.mean([r["cost_per_epoch"] for r in runs]))
-        arm["mechanism"] = {k: _epoch_means([r["mechanism"][k] for r in runs]) for k in MECHANISM}
+        arm["mechanism"] = {k: _epoch_means([r["mechanism"].get(k) or [None] * len(epochs[1:]) for r in runs])
+                            for k in MECHANISM}  # runs recorded before a figure was kept lack it
         # blank canvases and a weighted reward's terms, per epoch (runs recorded before these were kept lack them)
         arm["flat_share_by_epoch"] = _epoch_means([[p.get("flat_share") for p in r["points"]] for r in runs])
         arm["flat_share_seeds"] = [r["seed"] for r in runs if any(p.get("flat_share") is not None for p in r["points"])]
+        arm["duplicate_share_by_epoch"] = _epoch_means([[p.get("duplicate_share") for p in r["points"]] for r in runs])
+        refs = sorted({c for r in runs for p in r["points"] for c in (p.get("ref") or {})})
+        if refs:   # the monitors' reference rewards (monitor.reference_rewards), never trained on
+            arm["ref_by_epoch"] = {c: _epoch_means([[(p.get("ref") or {}).get(c) for p in r["points"]] for r in runs])
+                                   for c in refs}
         terms = sorted({c for r in runs for p in r["points"] for c in (p.get("components") or {})})
         if terms:
             arm["terms_by_epoch"] = {c: _epoch_means([[_term(p, c) for p in r["points"]] for r in runs]) for c in terms}
@@ -274,6 +303,7 @@ def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
     if pilot and pilot["sd"] is not None:
         out["power"] = {"sd_oracle_minus_none": pilot["sd"], "seeds_run": len(pilot["diffs"]),
                         "seeds_for_half_0.01": seeds_for(pilot["sd"]) if pilot["sd"] > 0 else 2}
+    out["guards"] = guards(arms)
     out["timed"] = timed(arms)
     for arm in arms.values():
         runs = [r for r in arm["runs"] if "seconds" in r]
@@ -290,6 +320,82 @@ def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
             arm["cost_to_none_final"] = round(float(costs[hit]), 1) if hit is not None else None
             arm["epochs_to_none_final"] = arm["epochs"][hit] if hit is not None else None
     return out
+
+
+def _final(run: dict[str, Any], key: str, ref: str | None = None) -> float | None:
+    p = run["points"][-1]
+    return (p.get("ref") or {}).get(ref) if ref else p.get(key)
+
+
+def retained(guard: list[float], unguarded: list[float], base: list[float], resamples: int = 2000,
+             seed: int = 0) -> dict[str, Any]:
+    """The share of selection's gain a guard keeps: mean(guard - base) / mean(unguarded - base) over paired seeds, with a
+    95% percentile interval from resampling the seeds (None where a resample's unguarded gain is not positive)."""
+    g, u, b = (np.asarray(x, dtype=np.float64) for x in (guard, unguarded, base))
+
+    def share(idx: np.ndarray) -> float:
+        gain = float((u[idx] - b[idx]).mean())
+        return float((g[idx] - b[idx]).mean()) / gain if gain > 0 else math.nan
+
+    point = share(np.arange(len(g)))
+    out: dict[str, Any] = {"share": None if math.isnan(point) else round(point, 4)}
+    if len(g) > 1:
+        rng = np.random.default_rng(seed)
+        boots = np.array([share(rng.integers(0, len(g), len(g))) for _ in range(resamples)])
+        boots = boots[~np.isnan(boots)]
+        if len(boots):
+            out["ci95"] = [round(float(x), 4) for x in np.percentile(boots, [2.5, 97.5])]
+    return out
+
+
+def guards(arms: dict[str, Any]) -> dict[str, Any] | None:
+    """Each guard arm (and the unguarded proxy and the oracle) against `none` on the seeds both ran: the gain on the
+    trained reward (primary measure), the share of the unguarded proxy's gain it keeps, the reference reward and the
+    held-out blank share at the last epoch, each a paired difference; and the goal: >= 80% of the gain kept while the
+    reference reward is not below none's (its interval reaches 0) and the blank share is within 1 point of none's."""
+    if "none" not in arms or GUARDED not in arms:
+        return None
+    chosen = [a for a in ("oracle", GUARDED, *GUARD_ARMS) if a in arms]
+    if not any(a in GUARD_ARMS for a in chosen):
+        return None
+    refs = sorted(arms["none"].get("ref_by_epoch", {}))
+    out: dict[str, Any] = {"reference": refs, "arms": {}}
+    for a in chosen:
+        seeds = {r["seed"] for r in arms[a]["runs"]} & {r["seed"] for r in arms["none"]["runs"]} \
+            & {r["seed"] for r in arms[GUARDED]["runs"]}
+        pick = {k: sorted((r for r in arms[k]["runs"] if r["seed"] in seeds), key=lambda r: r["seed"])
+                for k in (a, "none", GUARDED)}
+        ra, rn, rp = pick[a], pick["none"], pick[GUARDED]
+        row: dict[str, Any] = {"seeds": sorted(seeds),
+                               "gain": paired([r["primary"] for r in ra], [r["primary"] for r in rn]),
+                               "kept_share": retained([r["primary"] for r in ra], [r["primary"] for r in rp],
+                                                      [r["primary"] for r in rn])}
+        flat_a, flat_n = [_final(r, "flat_share") for r in ra], [_final(r, "flat_share") for r in rn]
+        if all(v is not None for v in flat_a + flat_n):
+            row["flat_final"] = {"value": round(float(np.mean(flat_a)), 4), **paired(flat_a, flat_n)}
+        row["ref_final"] = {}
+        for c in refs:
+            ref_a, ref_n = [_final(r, "", c) for r in ra], [_final(r, "", c) for r in rn]
+            if all(v is not None for v in ref_a + ref_n):
+                row["ref_final"][c] = {"value": round(float(np.mean(ref_a)), 4), **paired(ref_a, ref_n)}
+        row["goal"] = guard_goal(row) if a in GUARD_ARMS else None
+        out["arms"][a] = row
+    return out
+
+
+def guard_goal(row: dict[str, Any]) -> dict[str, Any]:
+    """Whether a guard arm meets the goal, part by part (None where the part was not measured)."""
+    share = row["kept_share"]["share"]
+    refs = row["ref_final"].values()
+    flat = row.get("flat_final")
+
+    def not_below(x: dict[str, Any]) -> bool:   # the paired interval reaches 0 or above, or a single pair's mean does
+        return x["mean"] + (x["ci95"] or 0.0) >= 0
+
+    parts = {"gain_kept": None if share is None else share >= 0.8,
+             "reference_held": all(not_below(x) for x in refs) if refs else None,
+             "blank_within_1pt": None if flat is None else flat["mean"] <= 0.01}
+    return {**parts, "met": all(v is True for v in parts.values())}
 
 
 def ratio(num: list[float], den: list[float]) -> dict[str, Any]:
@@ -519,6 +625,13 @@ def markdown(r: dict[str, Any], name: str) -> str:
                       "| arm (seeds) | " + " | ".join(map(str, epochs)) + " |", "|---|" + "---|" * len(epochs)]
             lines += [f"| {a} ({_seeds(arms[a]['flat_share_seeds'])}) | "
                       + " | ".join("-" if v is None else f"{v:.3f}" for v in vals) + " |" for a, vals in flat.items()]
+        refs = sorted({c for x in arms.values() for c in x.get("ref_by_epoch", {})})
+        for c in refs:
+            lines += ["", f"Held-out reference reward `{c}` (scored on the same images, never trained on), mean over seeds, "
+                      "per epoch:", "", "| arm | " + " | ".join(map(str, epochs)) + " |", "|---|" + "---|" * len(epochs)]
+            lines += [f"| {a} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in x["ref_by_epoch"][c]) + " |"
+                      for a, x in arms.items() if c in x.get("ref_by_epoch", {})]
+        lines += guard_lines(pool.get("guards"))
         eq = pool["at_equal_cost"]
         if eq:
             lines += ["", f"At equal cost ({eq['cost_bf16_fwd']:.0f} BF16-forward equivalents, B200 bound; `random` "
@@ -540,6 +653,33 @@ def markdown(r: dict[str, Any], name: str) -> str:
                 cells.append(f"{np.mean(vals):.4g}" if vals else "-")
             lines.append(f"| {a} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def guard_lines(g: dict[str, Any] | None) -> list[str]:
+    """The guards table (`guards`): per arm against none, on paired seeds."""
+    if not g:
+        return []
+    refs = g["reference"]
+    head = ("| arm (seeds) | gain on the trained reward | share of the proxy's gain kept | "
+            + "".join(f"`{c}` at the last epoch (- none) | " for c in refs)
+            + "blank share at the last epoch (- none) | goal met |")
+    lines = ["", f"Guards against reward hacking, each against `none` on the seeds both ran (gain: the primary measure's "
+             f"paired difference; share kept: the gain over `{GUARDED}`'s, interval by resampling the seeds). Goal: >= 80% "
+             f"of the gain kept, the reference reward not below none's (its paired interval reaches 0) and the blank "
+             f"share within 1 point of none's:", "", head, "|---|---|---|" + "---|" * len(refs) + "---|---|"]
+    for a, row in g["arms"].items():
+        k = row["kept_share"]
+        kept = "-" if k["share"] is None else f"{k['share']:.2f}" + (
+            f" [{k['ci95'][0]:.2f}, {k['ci95'][1]:.2f}]" if k.get("ci95") else "")
+        cells = [f"{x['value']:.3f} ({_ci(x)})" if x else "-" for x in (row["ref_final"].get(c) for c in refs)]
+        flat = row.get("flat_final")
+        goal = row["goal"]
+        missed = ", ".join({"gain_kept": "gain", "reference_held": "reference", "blank_within_1pt": "blanks"}[p]
+                           for p, v in (goal or {}).items() if p != "met" and v is False)
+        met = "-" if goal is None else "yes" if goal["met"] else f"no ({missed})" if missed else "not measured"
+        lines.append(f"| {a} ({_seeds(row['seeds'])}) | {_ci(row['gain'])} | {kept} | " + "".join(c + " | " for c in cells)
+                     + (f"{flat['value']:.3f} ({_ci(flat)})" if flat else "-") + f" | {met} |")
+    return lines
 
 
 def _ratio(x: dict[str, Any]) -> str:

@@ -86,8 +86,10 @@ def add_parser(sub: argparse._SubParsersAction, commands: Callable[[], tuple[tup
                    help="curve: comma-separated modes to train (default the paper's four; sol_rl_auto: sol_rl with "
                         "the adaptive proxy; flow_grpo / sol_flow_grpo: FlowGRPO one- / two-stage)")
     b.add_argument("--arms", default=None,
-                   help="selection: comma-separated arms (default all: none, random, oracle, proxy_bf16, proxy_nvfp4, "
-                        "proxy_fp8, proxy_bf16cpu, proxy_bf16cpu4); NAME:N runs that arm on the first N run seeds only")
+                   help="selection: comma-separated arms (default: none, random, oracle, proxy_bf16, proxy_nvfp4, "
+                        "proxy_fp8, proxy_bf16cpu, proxy_bf16cpu4; the guards against reward hacking by name: "
+                        "proxy_gate, proxy_constrained, proxy_prompt_std, proxy_kl); NAME:N runs that arm on the first "
+                        "N run seeds only")
     b.add_argument("--pools", type=pool_list, default=None, help="selection: comma-separated pool sizes n (default 16); "
                                                                  "rollout: one table each (default 32)")
     b.add_argument("--extend", default=None, metavar="JSON",

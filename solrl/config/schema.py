@@ -17,6 +17,8 @@ from solrl.prompts import takes_relation_share
 from solrl.rollout.strategies import LOW, MODES, strategy  # rollout.mode: the strategies' names (no torch)
 
 SELECTIONS = ("best_worst", "random", "mean_deviation", "extremes_random")
+ADV_STDS = ("global", "prompt")   # train.adv_std
+GATES = ("", "flat")              # guard.gate
 SOLVERS = ("euler", "dpm2")
 ALGOS = ("nft", "flow_grpo")  # train.algo: DiffusionNFT (solrl/algo/nft.py) or FlowGRPO (solrl/algo/grpo.py)
 # The built-in model registry's names (solrl.models.available_models(), sorted), here without torch for
@@ -124,6 +126,10 @@ class TrainConfig:
     adv_clip_max: float = 5.0
     kl_beta: float = 1e-4               # nft: velocity-space KL; flow_grpo: KL between the SDE transition means
     clip_range: float = 1e-4            # flow_grpo: PPO ratio clip (yifan123/flow_grpo config/base.py)
+    # the advantages' scale: "global" = one std over the whole batch (NVlabs/DiffusionNFT's stat tracker, global_std=True),
+    # "prompt" = each prompt group's own std (yifan123/flow_grpo's per-prompt stat tracking, global_std=False): a prompt
+    # whose rewards a hack spreads far then weighs no more than one whose rewards barely differ (docs/training.md)
+    adv_std: str = "global"
     reward_threshold: float | None = None  # flow_grpo: a prompt group whose mean reward is below this gets zero
                                            # advantages (the MMDanceGRPO design's threshold filter); None = off
     ema_decay: float = 0.9
@@ -165,6 +171,23 @@ class MonitorConfig:
 
 
 @dataclass
+class GuardConfig:
+    """Guards against reward hacking that act on the rollouts (solrl/algo/guards.py, docs/training.md); off by default.
+
+    `gate`: a cheap validity check on every candidate image; "flat" fails a blank canvas (solrl.engine.evaluate.is_flat).
+    Before ranking, a failing candidate is never kept while k valid ones remain (it fills the worst half when fewer
+    do); after sampling, a trained sample that fails is scored as its prompt group's lowest reward, so it never
+    draws a positive advantage. `reference` and `reference_floor`: the constrained reward: a trained sample whose
+    `reference` reward (a reward the run does not train on, e.g. the exact shapes reward while training JPEG
+    compressibility) is below the floor is scored as its prompt group's lowest reward: the trained reward gains
+    only while the reference holds. Embedded runs (`solrl train`); the services' driver refuses them."""
+
+    gate: str = ""                      # "" (off) | "flat"
+    reference: str = ""                 # "" (off) | a registered reward name
+    reference_floor: float = 0.0
+
+
+@dataclass
 class PromptsConfig:
     """Prompt sets (solrl.prompts): a built-in name or a .txt / .jsonl / .json file. Real-model presets
     leave both empty, and a run must name its own."""
@@ -199,6 +222,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
 
     # ---------------------------------------------------------------- checks
     def validate(self) -> RunConfig:
@@ -270,6 +294,7 @@ class RunConfig:
             raise ConfigError(f"prompts.relation_share applies to the shapes world's prompt sets only; prompts.train is "
                               f"{self.prompts.train!r}")
         self._validate_monitor()
+        self._validate_guard()
         self._resolve_fallbacks()
         self._validate_precision()
         return self
@@ -293,6 +318,32 @@ class RunConfig:
         if m.reference_drop_max and not m.reference_rewards:
             raise ConfigError("monitor.reference_drop_max watches the reference rewards: name them in "
                               "monitor.reference_rewards (e.g. [\"shapes\"])")
+
+    def _validate_guard(self) -> None:
+        g, t, r = self.guard, self.train, self.rollout
+        if t.adv_std not in ADV_STDS:
+            raise ConfigError(f"train.adv_std must be one of {ADV_STDS}, got {t.adv_std!r}")
+        if g.gate not in GATES:
+            raise ConfigError(f"guard.gate must be one of {GATES} ('' = off), got {g.gate!r}")
+        if g.gate and strategy(r.mode).selects and r.selection != "best_worst":
+            raise ConfigError(f"guard.gate ranks failing candidates out of the best half: it needs "
+                              f"rollout.selection=best_worst, got {r.selection!r}")
+        floor = g.reference_floor
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not math.isfinite(floor):
+            raise ConfigError(f"guard.reference_floor must be a finite number, got {floor!r}")
+        if g.reference:
+            from solrl.rewards import available_rewards
+            from solrl.rewards.multi import is_spec
+
+            if is_spec(g.reference) or g.reference not in available_rewards():
+                raise ConfigError(f"guard.reference: unknown reward {g.reference!r} (one registered name); "
+                                  f"available: {available_rewards()}")
+            if g.reference == self.reward:
+                raise ConfigError(f"guard.reference must be a reward the run does not train on; reward is "
+                                  f"{self.reward!r} too")
+        elif floor:
+            raise ConfigError("guard.reference_floor applies to guard.reference: name the reward it holds "
+                              "(e.g. guard.reference=shapes)")
 
     def _resolve_fallbacks(self) -> None:
         """A precision whose `fallback` is set (a preset's choice that depends on the machine, PrecisionConfig) becomes

@@ -29,7 +29,7 @@ import torch
 
 from solrl.adapters import encode_adapter
 from solrl.adapters.wire import sha256_hex
-from solrl.config import RunConfig
+from solrl.config import ConfigError, RunConfig
 from solrl.engine import data_parallel as ddp
 from solrl.engine.run import resume_session, run_epochs
 from solrl.engine.session import Session, epoch_rng, proxy_agreement, selection_contrast, trained_spread
@@ -360,6 +360,9 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
     if not ranks.is_main:
         raise ValueError(f"run_distributed runs on rank 0; rank {ranks.rank} follows (solrl.engine.loop.train)")
     ddp.check_ranks(cfg, ranks.world)
+    if cfg.guard.gate or cfg.guard.reference:   # they act on the rollouts, which the explorer services choose here
+        raise ConfigError("guard.gate and guard.reference (the validity gate, the constrained reward) run in the "
+                          "embedded loop (solrl train) only; the services' driver does not apply them yet")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     start, attempt_id = 0, f"{run_id}-a{uuid.uuid4().hex[:8]}"

@@ -24,6 +24,7 @@ from torch.profiler import record_function
 
 from solrl.adapters import LoraAdapters, LoraSpec
 from solrl.algo import prompt_kendall_taus, select
+from solrl.algo.guards import below_floor, demote
 from solrl.config import ConfigError, RunConfig, apply_overrides
 from solrl.engine import data_parallel as ddp
 from solrl.engine.checkpoint import latest_checkpoint, load_adapters, load_rollout_adapter, saved_epochs
@@ -79,6 +80,7 @@ class Session:
     version: int = 0
     _eval_scorer: Any = None     # built on the first evaluation
     _references: Any = None      # monitor.reference_rewards' scorers, built with it
+    _guard_reference: Any = None  # guard.reference's scorer (the constrained reward), built at first use
     stopped: str | None = None   # why a monitor alarm ended the run early (monitor.stop)
     proxy: Any = None            # ProxyController when rollout.explore_precision.backend is "auto"
     calibrations: list | None = None
@@ -315,9 +317,11 @@ class Session:
                 rec["explore.proxy"] = self.proxy.current  # the candidate this epoch explores with
             with record_function("solrl.explore"):
                 ex = explore(self.model, self.explorer.module, prompts, seeds, steps, self.sampler, self.scorer,
-                             r.kept, r.selection, tgen, mb, self.cache)
+                             r.kept, r.selection, tgen, mb, self.cache, valid=self.gate_valid())
             rec.update({"explore.reward_mean": float(ex.scores.mean()), "explore.reward_std": float(ex.scores.std()),
                         "forwards_explore": ex.forwards})
+            if self.cfg.guard.gate:
+                rec["guard.failed_share"] = ex.failed / max(1, ex.scores.size)
         clock.lap("explore")
 
         on_stage("regenerate" if s.samples_bf16 else "select")
@@ -336,8 +340,13 @@ class Session:
             rec["forwards_regenerate"] = rg.forwards
             if s.keeps == KEEP_BY_BF16:
                 rs = rg.rewards.reshape(len(prompts), pool)
-                kept = [select(torch.from_numpy(rs[p]), r.kept, r.selection, generator=tgen)
+                valid = self.gate_valid()
+                ok = valid(rg.images).reshape(len(prompts), pool) if valid is not None else None
+                kept = [select(torch.from_numpy(rs[p]), r.kept, r.selection, generator=tgen,
+                               valid=ok[p].tolist() if ok is not None else None)
                         for p in range(len(prompts))]
+                if ok is not None:
+                    rec["guard.failed_share"] = float((~ok).mean())
                 flat = [p * pool + i for p, idx in enumerate(kept) for i in idx]
                 rec.update({"explore.reward_mean": float(rs.mean()), "explore.reward_std": float(rs.std())})
             else:
@@ -358,8 +367,37 @@ class Session:
         if s.selects:
             rec.update(selection_contrast(by_prompt, r.selection))
         rec.update(trained_spread(by_prompt))
+        data_r = self.guard_rewards(images, data_p, by_prompt, rec).reshape(-1)
         rec["forwards_rollout_total"] = rec.get("forwards_explore", 0) + rec["forwards_regenerate"]
         return data_x0, data_r, data_p, group, data_traj, data_lp
+
+    # ---------------------------------------------------------------- guards against reward hacking (cfg.guard)
+    def gate_valid(self):
+        """The validity gate's check (images -> bool, whether each passes) or None without one."""
+        return (lambda images: ~is_flat(images)) if self.cfg.guard.gate == "flat" else None
+
+    def guard_rewards(self, images: np.ndarray, prompts: list[str], by_prompt: np.ndarray,
+                      rec: dict[str, Any]) -> np.ndarray:
+        """The trained rewards [P, k] after the guards (solrl/algo/guards.py): a sample that fails the gate, or whose
+        reference reward is below the floor, scores as its group's lowest. Records what each guard did."""
+        g = self.cfg.guard
+        bad = np.zeros(by_prompt.shape, dtype=bool)
+        if g.gate:
+            failed = ~self.gate_valid()(images).reshape(by_prompt.shape)
+            rec["guard.gate_trained_share"] = float(failed.mean())
+            bad |= failed
+        if g.reference:
+            if self._guard_reference is None:
+                self._guard_reference = build_reward(g.reference)
+            ref = np.asarray(self._guard_reference(images, list(prompts)), dtype=np.float64).reshape(by_prompt.shape)
+            under = below_floor(ref, g.reference_floor)
+            rec.update({"guard.reference_mean": float(ref.mean()), "guard.reference_below_share": float(under.mean())})
+            bad |= under
+        if not (g.gate or g.reference):
+            return by_prompt
+        out, n = demote(by_prompt, bad)
+        rec["guard.demoted_share"] = n / bad.size
+        return out
 
     def follow(self, epoch: int) -> None:
         """Epoch `epoch` on a data-parallel rank > 0: rank 0's rollouts (and its generator's state), then this

@@ -202,7 +202,7 @@ class NFTTrainer:
         """Advantages -> DiffusionNFT loss over per-sample random timesteps -> optimizer step(s) (EMA after
         each) -> the old adapter decayed once, at the end of the epoch (as the reference)."""
         cfg = self.cfg
-        adv = compute_advantages(torch.from_numpy(batch.rewards).double(), batch.group).float()
+        adv = compute_advantages(torch.from_numpy(batch.rewards).double(), batch.group, std=cfg.adv_std).float()
         n = batch.x0.shape[0]
         steps = self.plan(batch.group, generator)
         ts_all = self.timestep_plan(n, generator)
@@ -312,7 +312,7 @@ class FlowGRPOTrainer(NFTTrainer):
         if steps_n != len(self.sigmas) - 1 or tuple(batch.trajectory.shape[:2]) != (n, steps_n + 1):
             raise ValueError(f"rollouts of {steps_n} steps (trajectory {tuple(batch.trajectory.shape)}) do not match the "
                              f"trainer's grid of {len(self.sigmas) - 1} steps (rollout.steps)")
-        adv = compute_advantages(torch.from_numpy(batch.rewards).double(), batch.group).float()
+        adv = compute_advantages(torch.from_numpy(batch.rewards).double(), batch.group, std=cfg.adv_std).float()
         adv, zeroed = threshold_groups(adv, batch.rewards, batch.group, cfg.reward_threshold)
         plan = self.plan(batch.group, generator)
         ts_all = self.timestep_plan(n, generator)

@@ -170,6 +170,7 @@ class ExploreResult:
     kept: list[list[int]]           # [P][k] indices into seeds[p]
     forwards: int
     generated: Generated            # flattened [P*n] in prompt-major order
+    failed: int = 0                 # candidates the validity gate failed (0 without one)
 
     def kept_seeds(self) -> list[list[int]]:
         return [[s[i] for i in idx] for s, idx in zip(self.seeds, self.kept)]
@@ -178,20 +179,25 @@ class ExploreResult:
 def explore(model: T2IModel, transformer: nn.Module, prompts: list[str], seeds: list[list[int]], steps: int,
             sampler: SamplerSpec, scorer, k: int, selection: str = "best_worst",
             generator: torch.Generator | None = None, micro_batch: int = 64,
-            cache: PromptCache | None = None) -> ExploreResult:
-    """Sample every seed of every prompt's pool, score, and select k seeds per prompt."""
+            cache: PromptCache | None = None, valid=None) -> ExploreResult:
+    """Sample every seed of every prompt's pool, score, and select k seeds per prompt. `valid` (the validity gate,
+    `guard.gate`): images [B, ...] -> bool [B], whether each candidate passes; the failing ones are ranked out of the
+    kept seeds (`solrl.algo.selection.select`)."""
     if len(prompts) != len(seeds):
         raise ValueError(f"got {len(prompts)} prompts but {len(seeds)} seed pools")
     flat_p = [p for p, pool in zip(prompts, seeds) for _ in pool]
     gen = generate_by_prompt(model, transformer, prompts, seeds, steps, sampler, micro_batch, cache)
     flat_r = score_frames(scorer, gen.images, flat_p)
+    ok = np.asarray(valid(gen.images), dtype=bool) if valid is not None else None
     scores, kept, off = [], [], 0
     for pool in seeds:
         r = flat_r[off: off + len(pool)]
+        gate = ok[off: off + len(pool)].tolist() if ok is not None else None
         off += len(pool)
         scores.append(r)
-        kept.append(list(select(torch.from_numpy(r), k, selection, generator=generator)))
-    return ExploreResult([list(p) for p in seeds], np.stack(scores), kept, gen.forwards, gen)
+        kept.append(list(select(torch.from_numpy(r), k, selection, generator=generator, valid=gate)))
+    failed = int((~ok).sum()) if ok is not None else 0
+    return ExploreResult([list(p) for p in seeds], np.stack(scores), kept, gen.forwards, gen, failed)
 
 
 @dataclass
