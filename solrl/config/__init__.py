@@ -36,7 +36,8 @@ from solrl.config.schema import (
 
 __all__ = [
     "ALGOS", "DEFAULT_PRESET", "MODEL_NAMES", "MODES", "PRESETS", "REWARD_FRAMES", "SELECTIONS", "SOLVERS",
-    "VIDEO_MODELS", "ConfigError", "EvalConfig", "GuardConfig", "LoraConfig", "ModelConfig", "MonitorConfig", "PromptsConfig", "ProxyConfig",
+    "VIDEO_MODELS", "ConfigError", "EvalConfig", "GuardConfig", "LoraConfig", "ModelConfig", "MonitorConfig",
+    "PromptsConfig", "ProxyConfig",
     "RolloutConfig", "RunConfig", "SamplerConfig", "TrainConfig", "apply_overrides", "get_preset", "register_preset",
     "resolve", "resolve_run", "with_flow_grpo",
 ]

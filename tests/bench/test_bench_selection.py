@@ -167,10 +167,23 @@ def test_a_weighted_rewards_terms_and_blank_canvases_are_paired_and_reported():
 
 
 def test_every_arm_is_the_preset_with_its_choice_changed(capsys):
-    from solrl.bench.selection import ARMS, LINKS, PRESET
+    from solrl.bench.selection import ARMS, GUARD_ARMS, LINKS, PRESET
     from solrl.config import apply_overrides, get_preset
 
-    cfgs = {a: apply_overrides(get_preset(PRESET), sets).validate() for a, (sets, _) in ARMS.items()}
+    # the guards: the preset's proxy arm with one guard on, trained on a reward the constraint's reference is not
+    jpeg = ["reward=jpeg_compressibility"]
+    guarded = {a: apply_overrides(get_preset(PRESET), jpeg + ARMS[a][0]).validate() for a in GUARD_ARMS}
+    plain = apply_overrides(get_preset(PRESET), jpeg).validate()
+    assert guarded["proxy_gate"].guard.gate == "flat"
+    assert (guarded["proxy_constrained"].guard.reference, guarded["proxy_constrained"].guard.reference_floor) == (
+        "shapes", 0.25)
+    assert guarded["proxy_prompt_std"].train.adv_std == "prompt" and guarded["proxy_kl"].train.kl_beta > 0
+    for c in guarded.values():
+        assert (c.rollout, c.eval) == (plain.rollout, plain.eval)
+    assert {(a, "proxy_nvfp4") for a in GUARD_ARMS} <= {(a, b) for a, b, _ in LINKS}
+
+    cfgs = {a: apply_overrides(get_preset(PRESET), sets).validate() for a, (sets, _) in ARMS.items()
+            if a not in GUARD_ARMS}
     assert {a: c.rollout.mode for a, c in cfgs.items()} == {
         "none": "diffusion_nft", "random": "naive_scaling", "oracle": "naive_scaling", "proxy_bf16": "sol_rl",
         "proxy_nvfp4": "sol_rl", "proxy_fp8": "sol_rl", "proxy_bf16cpu": "sol_rl", "proxy_bf16cpu4": "sol_rl"}
@@ -191,6 +204,44 @@ def test_every_arm_is_the_preset_with_its_choice_changed(capsys):
         main(["bench", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert all(a in help_text for a in ARMS)
+
+
+def test_guards_are_judged_against_none_and_the_unguarded_proxy():
+    from solrl.bench.selection import markdown, retained, summarise
+
+    def run(seed, rewards, flat, ref):
+        r = _run(seed, rewards, 100)
+        for p, f, x in zip(r["points"], flat, ref):
+            p.update(flat_share=f, ref={"shapes": x})
+        return r
+
+    seeds = range(4)
+    arms = {"none": {"runs": [run(s, [-1.2, -1.18, -1.16], [0, 0, 0.01], [0.75, 0.75, 0.76]) for s in seeds]},
+            "proxy_nvfp4": {"runs": [run(s, [-1.2, -1.14, -1.08 - 0.002 * s], [0, 0.02, 0.08], [0.75, 0.72, 0.68])
+                                     for s in seeds]},
+            # keeps 90% of the gain, the reference and the blanks at none's: the goal is met
+            "proxy_gate": {"runs": [run(s, [-1.2, -1.144, -1.088 - 0.0018 * s], [0, 0, 0.01 + 0.001 * s],
+                                        [0.75, 0.75, 0.76 + 0.001 * (s - 1.5)]) for s in seeds]},
+            # keeps half the gain: missed on the gain alone
+            "proxy_kl": {"runs": [run(s, [-1.2, -1.16, -1.12 - 0.001 * s], [0, 0, 0.01], [0.75, 0.75, 0.76])
+                                  for s in seeds]}}
+    out = summarise(arms, 2)
+    g = out["guards"]
+    assert g["reference"] == ["shapes"] and list(g["arms"]) == ["proxy_nvfp4", "proxy_gate", "proxy_kl"]
+    gate, kl = g["arms"]["proxy_gate"], g["arms"]["proxy_kl"]
+    assert gate["kept_share"]["share"] == pytest.approx(0.9, abs=0.01) and gate["goal"]["met"] is True
+    assert kl["kept_share"]["share"] == pytest.approx(0.5, abs=0.02)
+    assert kl["goal"] == {"gain_kept": False, "reference_held": True, "blank_within_1pt": True, "met": False}
+    assert g["arms"]["proxy_nvfp4"]["goal"] is None    # the unguarded proxy is the yardstick, not a guard
+    assert g["arms"]["proxy_nvfp4"]["ref_final"]["shapes"]["mean"] == pytest.approx(-0.08)
+    assert g["arms"]["proxy_nvfp4"]["flat_final"]["value"] == pytest.approx(0.08)
+    assert retained([1.0, 1.0], [0.0, 0.0], [0.0, 0.0]) == {"share": None}   # no gain to keep
+    md = markdown({"reward": "jpeg_compressibility", "eval_reward": "jpeg_compressibility", "preset": "p", "kept": 8,
+                   "pools": [32], "epochs": 2, "seeds": list(seeds), "primary_epochs": [1, 2],
+                   "arms": dict.fromkeys(arms, ""), "seeds_per_arm": dict.fromkeys(arms, 4), "target_half": 0.01,
+                   "by_pool": {"n32": out}}, "x")
+    assert "| proxy_kl (0-3) | " in md and md.count("| no (gain) |") == 1 and "| yes |" in md
+    assert "| proxy_nvfp4 | 0.750 | 0.720 | 0.680 |" in md     # the reference reward per epoch
 
 
 def _timed_run(seed: int, rewards: list[float], cpu_per_epoch: float, rollout_share: float) -> dict:
