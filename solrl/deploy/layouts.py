@@ -110,7 +110,7 @@ def compose(p: Plan, sets: list[str]) -> str:
     out = "\n".join(head) + "\n" + COMPOSE_COMMON.format(preset=p.recipe.preset, run_set=run_set, device_set=DEVICE_SET,
                                                         threads=THREADS) + "\nservices:\n"
     out += REDIS
-    out += "  reward:\n" + _build("reward") + REWARD_ENV + _devices(where["reward"], "    ")
+    out += "  reward:\n" + _build("reward") + REWARD_ENV + limits("reward") + _devices(where["reward"], "    ")
     for role, key in (("explorer", "explorers"), ("regenerator", "regenerators")):
         for i, gpus in enumerate(where[key]):
             out += (f"\n  {role}-{i}:\n    <<: *{role}\n    deploy: {{resources: {{reservations: {{devices: "
@@ -121,6 +121,8 @@ def compose(p: Plan, sets: list[str]) -> str:
     out += (f"    # torchrun, {x.trainer_ranks} data-parallel ranks (PET_NPROC_PER_NODE), one per GPU; rank 0 is the "
             "service\n    # (services/trainer/README.md)\n")
     out += "    entrypoint: [" + ", ".join(f'"{a}"' for a in TRAINER_ENTRY) + "]\n"
+    out += ("    <<: *hardened\n" + limits("trainer", x.trainer_ranks)
+            + f"    secrets: [{', '.join(role_secrets('trainer'))}]\n")
     out += ("    environment:\n      <<: [*base-env, *run-env, *queue-env]\n" + redis_user("trainer", "      ") +
             f'      SOLRL_GRPC_PORT: "{PORTS["trainer"][0]}"\n      SOLRL_HTTP_PORT: "{PORTS["trainer"][1]}"\n'
             f"      SOLRL_EXPLORER_ADDRS: {','.join(f'{s}:8011' for s in explorers)}\n"
@@ -129,7 +131,7 @@ def compose(p: Plan, sets: list[str]) -> str:
     out += TRAINER_REST + "".join(f"      {s}: {{condition: service_healthy}}\n" for s in explorers + regenerators)
     out += ("    # restarted after a crash, it resumes the run from its last checkpoint (same arguments)\n"
             "    restart: on-failure\n    shm_size: 16gb\n" + _devices(where["trainer"], "    "))
-    return out + "\nvolumes:\n  redis-data:\n  runs:\n"
+    return out + "\nvolumes:\n  redis-data:\n  runs:\n" + SECRETS_SECTION
 
 
 def _span(groups: list[list[int]]) -> str:
@@ -162,21 +164,38 @@ def kustomize(p: Plan, sets: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _required(name: str) -> str:
-    return f"${{{name}:?set {name} (openssl rand -hex 32)}}"
-
-
 def _braces_escaped(text: str) -> str:
     """`text` as a str.format template that gives it back (COMPOSE_COMMON is formatted once)."""
     return text.replace("{", "{{").replace("}", "}}")
 
 
 def redis_user(role: str, indent: str) -> str:
-    """A queue role's Redis connection in compose: its own ACL user in the URL, its password (required) apart."""
+    """A queue role's Redis connection in compose: its own ACL user in the URL, its password apart, as a file."""
     return (f"{indent}SOLRL_REDIS_URL: redis://{role}@redis:6379/0\n"
-            f"{indent}SOLRL_REDIS_PASSWORD: {_required(f'SOLRL_REDIS_{role.upper()}_PASSWORD')}\n")
+            f"{indent}SOLRL_REDIS_PASSWORD_FILE: /run/secrets/redis_{role}_password\n")
 
 
+def role_secrets(role: str) -> list[str]:
+    """The compose secrets a role reads: every role the data planes' token, the queue roles the adapter token, the
+    queue key and their own Redis password."""
+    if role == "reward":
+        return ["data_token"]
+    return ["data_token", "adapter_token", "queue_key", f"redis_{role}_password"]
+
+
+def limits(role: str, ranks: int = 1) -> str:
+    """A role's memory and CPU limits in compose (LIMITS; the trainer's per rank)."""
+    mem, cpus = LIMITS[role]
+    if role == "trainer":
+        mem, cpus = f"{int(mem[:-1]) * ranks}g", cpus * ranks
+    return f"    mem_limit: {mem}\n    cpus: {cpus}\n"
+
+
+# each role's memory and CPU limit (compose `mem_limit`, `cpus`): those of the k8s GPU component
+# (k8s/components/gpu/gpu.yaml); the trainer's per torchrun rank, each rank loading the model through host memory
+LIMITS = {"explorer": ("128g", 32), "regenerator": ("128g", 32), "reward": ("64g", 16), "trainer": ("128g", 16)}
+SECRETS = ("adapter_token", "data_token", "queue_key", "redis_trainer_password", "redis_explorer_password",
+           "redis_regenerator_password")
 DEVICE_SET = "model.device=cuda"   # every role of a GPU layout loads its model on its GPU
 THREADS = 8                        # OMP_NUM_THREADS of each process (a 8-GPU node's cores / 8, with headroom)
 # the health check's grace for a model load: a 34 GB checkpoint read at ~100 MB/s from a network volume, moved to the
@@ -184,10 +203,18 @@ THREADS = 8                        # OMP_NUM_THREADS of each process (a 8-GPU no
 START_PERIOD_S = 900
 
 COMPOSE_COMMON = """# Environment names and ports are exactly those `solrl serve <role>` reads.
-# Secrets (each e.g. `openssl rand -hex 32`; the file refuses to start without one): export SOLRL_ADAPTER_TOKEN,
-# SOLRL_DATA_TOKEN (the bearer token of the explore, regenerate and reward doors), SOLRL_QUEUE_KEY (the HMAC
-# key of every queue message) and SOLRL_REDIS_{{TRAINER,EXPLORER,REGENERATOR}}_PASSWORD (each role's Redis ACL user)
-# or put them in a .env file beside this one (never commit it; docs/deploy.md).
+# Secrets are files, one line each, in SOLRL_SECRETS_DIR (compose `secrets:`, at /run/secrets/<name> in the containers,
+# named by the roles' SOLRL_*_FILE variables), so none is in a container's inspected environment:
+#   mkdir -m 700 secrets && for s in adapter_token data_token queue_key redis_trainer_password \\
+#     redis_explorer_password redis_regenerator_password; do openssl rand -hex 32 > secrets/$s; done
+#   chmod 644 secrets/*   # the roles' users read them in the containers; the directory keeps others out; never commit it
+#   SOLRL_SECRETS_DIR=./secrets docker compose -f <this file> up
+# The file refuses to start without SOLRL_SECRETS_DIR; a role refuses to start without its files: the adapter token, the
+# data planes' token, the HMAC key of every queue message, and each role's Redis ACL user's password (docs/deploy.md).
+# Hardened as docker-compose.cpu.yml (tests/deploy/test_deploy.py checks every role): a non-root user on a read-only
+# root filesystem, writing only to its volumes, tmpfs (/tmp, HOME: compile and kernel caches) and /dev/shm, no
+# capability, no privilege gain, memory, CPU and PID limits (LIMITS in solrl/deploy/layouts.py, those of the k8s GPU
+# component).
 # Weights: SOLRL_WEIGHTS_DIR and SOLRL_HF_CACHE on the host (offline).
 # One set of run settings drives every role: SOLRL_PRESET and SOLRL_SET (KEY=VALUE overrides separated by
 # spaces, e.g. SOLRL_SET="model.path=/weights/sana prompts.train=/weights/prompts.txt"). The trainer trains
@@ -202,8 +229,15 @@ x-base-env: &base-env
   SOLRL_BIND_HOST: 0.0.0.0
   HF_HOME: /cache/hf
   HF_HUB_OFFLINE: "1"
-  SOLRL_DATA_TOKEN: ${{SOLRL_DATA_TOKEN:?set SOLRL_DATA_TOKEN (openssl rand -hex 32)}}   # the data planes' doors
+  SOLRL_DATA_TOKEN_FILE: /run/secrets/data_token   # the data planes' doors
   OMP_NUM_THREADS: "{threads}"
+
+x-hardened: &hardened
+  read_only: true
+  tmpfs: ["/tmp", "/home/solrl"]
+  cap_drop: [ALL]
+  security_opt: ["no-new-privileges:true"]
+  pids_limit: 4096
 
 # model.device=cuda always comes first (every role loads on its GPU, and the trainer checks that the rollout services
 # say so); a SOLRL_SET you export replaces the default after it.
@@ -213,8 +247,8 @@ x-run-env: &run-env
 
 x-queue-env: &queue-env
   SOLRL_QUEUE_NAMESPACE: ${{SOLRL_QUEUE_NAMESPACE:-solrl:default}}
-  SOLRL_ADAPTER_TOKEN: ${{SOLRL_ADAPTER_TOKEN:?set SOLRL_ADAPTER_TOKEN (openssl rand -hex 32)}}
-  SOLRL_QUEUE_KEY: ${{SOLRL_QUEUE_KEY:?set SOLRL_QUEUE_KEY (openssl rand -hex 32)}}
+  SOLRL_ADAPTER_TOKEN_FILE: /run/secrets/adapter_token
+  SOLRL_QUEUE_KEY_FILE: /run/secrets/queue_key
 
 x-volumes: &solrl-volumes
   - ${{SOLRL_WEIGHTS_DIR:-./weights}}:/weights:ro
@@ -227,6 +261,10 @@ x-{role}: &{role}
     target: gpu
     args: {{{{FLAVOR: gpu, {ENGINE[role]}ROLE: {role}, GRPC_PORT: "{PORTS[role][0]}", HTTP_PORT: "{PORTS[role][1]}"}}}}
   image: solrl/{role}:gpu
+  <<: *hardened
+  mem_limit: {LIMITS[role][0]}
+  cpus: {LIMITS[role][1]}
+  secrets: [{", ".join(role_secrets(role))}]
   environment:
     <<: [*base-env, *run-env, *queue-env]
 """ + _braces_escaped(redis_user(role, "    ")) + f"""    SOLRL_REWARD_ADDR: reward:8001
@@ -250,9 +288,10 @@ REDIS = """  redis:
     command: ["sh", "/usr/local/bin/solrl-redis-acl.sh", "/tmp/users.acl",
               "redis-server", "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--dir", "/data",
               "--protected-mode", "no"]
+    secrets: [redis_trainer_password, redis_explorer_password, redis_regenerator_password]
     environment:
       SOLRL_QUEUE_NAMESPACE: ${SOLRL_QUEUE_NAMESPACE:-solrl:default}
-""" + "".join(f"      SOLRL_REDIS_{r.upper()}_PASSWORD: {_required(f'SOLRL_REDIS_{r.upper()}_PASSWORD')}\n"
+""" + "".join(f"      SOLRL_REDIS_{r.upper()}_PASSWORD_FILE: /run/secrets/redis_{r}_password\n"
               for r in ("trainer", "explorer", "regenerator")) + """\
     volumes: [redis-data:/data, ./k8s/base/redis-acl.sh:/usr/local/bin/solrl-redis-acl.sh:ro]
     healthcheck:
@@ -271,8 +310,15 @@ REDIS = """  redis:
 
 """
 
+# the secrets' files, in SOLRL_SECRETS_DIR (one line each; the top of the file)
+SECRETS_SECTION = "\n# the secrets' files, in SOLRL_SECRETS_DIR (one line each; the top of this file)\nsecrets:\n" + "".join(
+    f'  {name}: {{file: "${{SOLRL_SECRETS_DIR:?set SOLRL_SECRETS_DIR (a directory of the secrets\' files; see the top '
+    f'of this file)}}/{name}"}}\n' for name in SECRETS)
+
 REWARD_ENV = f"""    command: ["--device", "cuda"]   # its scorers' models on its GPU
     healthcheck: {{start_period: {START_PERIOD_S}s}}
+    <<: *hardened
+    secrets: [data_token]
     environment:
       <<: *base-env
       SOLRL_GRPC_PORT: "8001"

@@ -193,10 +193,9 @@ def test_compose_config_is_valid(name):
     proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, env=env, capture_output=True, text=True,
                           check=False)
     assert proc.returncode == 0, proc.stderr
-    # without any one secret (the CPU file: without its secrets' directory) the file refuses to start rather than run
-    # unauthenticated or unsigned
+    # without its secrets' directory the file refuses to start rather than run unauthenticated or unsigned
     required = set(re.findall(r"\$\{(\w+):\?", (ROOT / name).read_text()))
-    assert required == ({"SOLRL_SECRETS_DIR"} if name == "docker-compose.cpu.yml" else set(COMPOSE_SECRETS)), required
+    assert required == {"SOLRL_SECRETS_DIR"}, required   # every secret is a file in it
     for var in required:
         proc = subprocess.run([exe, "-f", name, "config", "-q"], cwd=ROOT, capture_output=True, text=True,
                               check=False, env={k: v for k, v in env.items() if k != var})
@@ -241,8 +240,8 @@ def test_compose_ports_and_env_match_what_solrl_serve_reads(name):
             continue
         env = svc["environment"]
         check_env(f"{name}: {svc_name}", role, set(env))
-        if name == "docker-compose.cpu.yml":   # files: no secret in any container's environment
-            assert not [k for k, v in env.items() if str(v) in COMPOSE_SECRETS.values()], svc_name
+        # files: no secret in any container's environment
+        assert not [k for k, v in env.items() if str(v) in COMPOSE_SECRETS.values()], svc_name
         # the doors closed in every role
         assert given(config, svc_name, ENV_DATA_TOKEN) == COMPOSE_SECRETS[ENV_DATA_TOKEN], svc_name
         grpc_port, http_port = PORTS[role]
@@ -270,6 +269,36 @@ def test_compose_ports_and_env_match_what_solrl_serve_reads(name):
         addrs = trainer_server.parse_addrs(trainer[key], key)
         expected = {f"{s}:{PORTS[role][0]}" for s in services if role_of(s) == role}
         assert set(addrs) == expected  # the trainer pushes adapters to every rollout service
+
+
+@pytest.mark.parametrize("name", COMPOSE_FILES)
+def test_every_compose_role_is_hardened(name):
+    """What tests/deploy/test_compose_engine.py inspects on the engine for the CPU file, in every file's configuration:
+    each service on a read-only root with tmpfs for /tmp, no capability, no privilege gain, PID, memory and CPU limits,
+    reading only the secrets it needs, none of them from the environment; the GPU roles' limits those of the k8s GPU
+    component (the trainer's per torchrun rank)."""
+    from solrl.deploy.layouts import LIMITS
+
+    config = compose_config(name)
+    units = {"k": 2**10, "m": 2**20, "g": 2**30}
+    for svc_name, svc in config["services"].items():
+        assert svc["read_only"] is True and "/tmp" in svc["tmpfs"], svc_name
+        assert svc["cap_drop"] == ["ALL"] and svc["security_opt"] == ["no-new-privileges:true"], svc_name
+        assert svc["pids_limit"] > 0 and float(svc["cpus"]) > 0 and svc["mem_limit"], svc_name
+        assert not svc.get("privileged") and not svc.get("cap_add") and svc.get("network_mode") != "host", svc_name
+        assert {s["source"] for s in svc.get("secrets", [])} <= set(config["secrets"]), svc_name
+        role = role_of(svc_name)
+        if role != "redis":
+            assert "/home/solrl" in svc["tmpfs"], svc_name   # HOME: the caches a role writes (triton, torch)
+            wanted = {"data_token"} | ({"adapter_token", "queue_key", f"redis_{role}_password"} if role != "reward" else set())
+            assert {s["source"] for s in svc["secrets"]} == wanted, svc_name
+        if name != "docker-compose.cpu.yml" and role != "redis":
+            mem, cpus = LIMITS[role]
+            ranks = int(svc["environment"].get("PET_NPROC_PER_NODE", 1))
+            scale = ranks if role == "trainer" else 1
+            got = svc["mem_limit"]
+            got = int(got) if isinstance(got, int) or str(got).isdigit() else int(got[:-1]) * units[got[-1].lower()]
+            assert got == int(mem[:-1]) * 2**30 * scale and float(svc["cpus"]) == cpus * scale, svc_name
 
 
 def check_compose_redis(config: dict, name: str) -> None:
@@ -1328,10 +1357,14 @@ def trainer_entry(source: str, tmp: Path, run_set: str | None = DEPLOY_SET) -> t
         return [*c["command"], *c["args"]], env
     out = subprocess.run([tool("docker-compose"), "-f", source, "config"], cwd=ROOT, check=True, text=True,
                          capture_output=True, env={**os.environ, **user})
-    svc = yaml.safe_load(out.stdout)["services"]["trainer"]
+    config = yaml.safe_load(out.stdout)
+    svc = config["services"]["trainer"]
     image = dockerfile_image({k: str(v) for k, v in svc["build"]["args"].items()}, svc["build"]["target"])
     env = {k: v for k, v in image.env.items() if k.startswith("SOLRL_")}
     env.update({k: str(v) for k, v in svc["environment"].items()})
+    for k, v in env.items():   # a secret's file where compose mounts it (/run/secrets/<name>): that file here
+        if k.endswith(FILE_SUFFIX) and v.startswith("/run/secrets/"):
+            env[k] = config["secrets"][v.removeprefix("/run/secrets/")]["file"]
     return [*svc["entrypoint"], *svc.get("command", [])], env
 
 
@@ -1351,11 +1384,15 @@ def test_trainer_entry_runs_under_torchrun(source, tmp_path, cuda_stand_in):
     assert argv[0] == "torchrun" and argv[argv.index("--no-python") + 1:][:3] == ["solrl", "serve", "trainer"]
     grpc_port, http_port = free_port(), free_port()
     namespace = f"solrl-test-entry-{os.getpid()}-{free_port()}"
-    assert env[ENV_REDIS_URL] == "redis://trainer@redis:6379/0" and env[ENV_REDIS_PASSWORD] and env[ENV_QUEUE_KEY]
+    assert env[ENV_REDIS_URL] == "redis://trainer@redis:6379/0"
     # this test is about the torchrun entry: the local Redis has no ACL users and the in-process workers do not sign
-    # (tests/queue/test_queue_security.py and the CPU compose test run the secured queue)
-    env.pop(ENV_REDIS_PASSWORD)
-    env.pop(ENV_QUEUE_KEY)
+    # (tests/queue/test_queue_security.py and the CPU compose test run the secured queue); each secret is given, in
+    # the environment (k8s: from its Secret) or as a file (compose)
+    for name in (ENV_REDIS_PASSWORD, ENV_QUEUE_KEY):
+        assert env.get(name) or Path(env[name + FILE_SUFFIX]).read_text().strip(), name
+        env.pop(name, None)
+        env.pop(name + FILE_SUFFIX, None)
+    token = env.get(ENV_ADAPTER_TOKEN) or Path(env[ENV_ADAPTER_TOKEN + FILE_SUFFIX]).read_text().strip()
     env.update({ENV_REDIS_URL: "redis://127.0.0.1:6379/0",
                 ENV_QUEUE_NAMESPACE: namespace, ENV_HOST: "127.0.0.1", ENV_GRPC_PORT: str(grpc_port),
                 ENV_HTTP_PORT: str(http_port), trainer_server.ENV_EXPLORER_ADDRS: "",
@@ -1384,4 +1421,4 @@ def test_trainer_entry_runs_under_torchrun(source, tmp_path, cuda_stand_in):
     out = Path(next(a for a in argv if a.startswith(str(tmp_path / "runs"))))
     assert [r["epoch"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
     assert (f"{min(ranks, 2)} data-parallel ranks" in run.text()) == (ranks > 1)
-    assert TOKEN not in run.text()
+    assert token not in run.text() and TOKEN not in run.text()

@@ -45,6 +45,7 @@ from services.common.env import (
 from services.trainer import server as trainer_server
 from solrl.models import ENV_CUDA_STANDIN
 from tests.deploy.test_deploy import (
+    COMPOSE_ENV,
     COMPOSE_SECRETS,
     TOKEN,
     ComposeAsProcesses,
@@ -129,7 +130,7 @@ def test_gpu_compose_roles_load_on_the_file_s_device(file, tmp_path, cuda_stand_
     SOLRL_PRESET / SOLRL_SET: nothing is set for them here but the secrets)."""
     _redis_server_or_skip()
     names = ("reward", "explorer-0", "regenerator-0", "trainer")
-    stack = ComposeAsProcesses(tmp_path, {**COMPOSE_SECRETS, ENV_ADAPTER_TOKEN: TOKEN},
+    stack = ComposeAsProcesses(tmp_path, COMPOSE_ENV,   # the secrets' files (SOLRL_SECRETS_DIR)
                                f"solrl-test-gpu-{os.getpid()}-{free_port()}", file=file, names=names)
     try:
         stack.start_redis()
@@ -137,7 +138,8 @@ def test_gpu_compose_roles_load_on_the_file_s_device(file, tmp_path, cuda_stand_
             stack.start(name)
         infos = {n: v1_info(stack.port(n, ENV_HTTP_PORT)) for n in names[:3]}
         pusher = trainer_server.AdapterPusher([f"127.0.0.1:{stack.port('explorer-0', ENV_GRPC_PORT)}"],
-                                              [f"127.0.0.1:{stack.port('regenerator-0', ENV_GRPC_PORT)}"], TOKEN,
+                                              [f"127.0.0.1:{stack.port('regenerator-0', ENV_GRPC_PORT)}"],
+                                              COMPOSE_SECRETS[ENV_ADAPTER_TOKEN],   # the adapter token's file
                                               data_token=COMPOSE_SECRETS[ENV_DATA_TOKEN])   # the doors' token
         cfg = _trainer_cfg(file, tmp_path)
         try:
