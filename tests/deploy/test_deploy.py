@@ -963,7 +963,11 @@ def test_transformer_engine_is_pinned_for_hopper_and_blackwell_and_only_in_the_g
     assert wheelhouse.TE_BINDING == f"transformer-engine-torch=={TE_VERSION}"
     assert wheelhouse.TE in wheelhouse.requirements("gpu") and not [r for r in wheelhouse.requirements("cpu")
                                                                     if "transformer" in r and "engine" in r]
-    assert "torch==2.13.0" in wheelhouse.requirements("cpu") and "torch==2.13.0" in wheelhouse.requirements("gpu")
+    assert "torch==2.13.0" in wheelhouse.requirements("cpu")
+    # the GPU wheelhouse: PyPI's CUDA build, never the CPU build of the version a host's find-links may hold
+    assert "torch==2.13.0,!=2.13.0+cpu" in wheelhouse.requirements("gpu")
+    assert not [r for r in wheelhouse.requirements("gpu", "none") if "transformer" in r and "engine" in r]
+    assert env["NVTE_PYTORCH_FORCE_BUILD"] == "TRUE"   # compiled here, not fetched from GitHub
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["gpu"] == [f"transformer-engine[pytorch]=={TE_VERSION}"]
     assert not [d for name, deps in extras.items() if name != "gpu" for d in deps if "transformer" in d and "engine" in d]
