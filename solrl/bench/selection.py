@@ -52,10 +52,10 @@ from solrl.bench.common import SMALL_RUN, write_results
 from solrl.bench.curve import interval, reward_settings, reward_tag, run_all, threads_per_run
 
 PRESET = "shapes-sol-rl"
-# the constrained reward's floor on the exact shapes reward: half the credit (one of two objects drawn, or the object in
-# the wrong place). A blank canvas scores 0; of the bundled base's samples (256, training prompts, 10 steps) 15% score
-# below 0.5 and 4% 0.25 or less. A pilot seed at 0.25 demoted 1-9% of the trained samples and held the reference no
-# better than the gate (docs/results.md)
+# the constrained reward's floor on the exact shapes reward: half the credit. Rendered by the world itself, a blank canvas
+# scores 0, one object where a relation asks two 0.46, one circle of three 0.44, one triangle of two 0.61, an object on
+# the wrong side 0.75; of the bundled base's samples (256, training prompts, 10 steps) 15% score below 0.5. A pilot
+# seed at 0.25 demoted 0-9% of the trained samples and held the reference no better than the gate (docs/results.md)
 CONSTRAINT_FLOOR = 0.5
 # the KL guard's weight: the reference's 1e-4 weighs under 1e-7 of the loss on this bed
 # (benchmarks/results/kl_beta_cpu.md), so the guard is measured at a weight where the term acts; a pilot seed at 10
