@@ -167,7 +167,7 @@ def test_a_weighted_rewards_terms_and_blank_canvases_are_paired_and_reported():
 
 
 def test_every_arm_is_the_preset_with_its_choice_changed(capsys):
-    from solrl.bench.selection import ARMS, GUARD_ARMS, LINKS, PRESET
+    from solrl.bench.selection import ARMS, CONSTRAINT_FLOOR, GUARD_ARMS, LINKS, PRESET
     from solrl.config import apply_overrides, get_preset
 
     # the guards: the preset's proxy arm with one guard on, trained on a reward the constraint's reference is not
@@ -176,7 +176,7 @@ def test_every_arm_is_the_preset_with_its_choice_changed(capsys):
     plain = apply_overrides(get_preset(PRESET), jpeg).validate()
     assert guarded["proxy_gate"].guard.gate == "flat"
     assert (guarded["proxy_constrained"].guard.reference, guarded["proxy_constrained"].guard.reference_floor) == (
-        "shapes", 0.25)
+        "shapes", CONSTRAINT_FLOOR) and 0 < CONSTRAINT_FLOOR < 1
     assert guarded["proxy_prompt_std"].train.adv_std == "prompt" and guarded["proxy_kl"].train.kl_beta > 0
     for c in guarded.values():
         assert (c.rollout, c.eval) == (plain.rollout, plain.eval)
