@@ -86,6 +86,27 @@ wheelhouse: $(STAMP)
 images: base-images wheelhouse
 	env $(COMPOSE_BUILD_ENV) docker-compose -f docker-compose.cpu.yml build
 
+# The GPU images that need no Transformer Engine (reward, regenerator, trainer: PyPI's CUDA torch, no nvcc), built
+# without a registry on any host, with BuildKit (the legacy builder stops at the cpu stage's check); then each one's
+# smoke check without a driver: its imports, `solrl serve --help`, torch's CUDA build and no GPU seen. The explorer's
+# (ENGINE=te) needs the TE binding compiled on a CUDA host: `python services/images/wheelhouse.py gpu build/wheelhouse/gpu`
+# there (docs/deploy.md).
+GPU_ROLES := reward:8001:8080 regenerator:8021:8092 trainer:8031:8093
+# a docker client that builds with BuildKit: Docker 23+ with buildx, or Debian's 20.10 client (DOCKER=/usr/bin/docker
+# where a newer client without buildx comes first on PATH)
+DOCKER ?= docker
+.PHONY: images-gpu
+images-gpu: base-images
+	$(BIN)/python services/images/wheelhouse.py gpu build/wheelhouse/gpu --engine none
+	set -e; for r in $(GPU_ROLES); do role=$${r%%:*}; ports=$${r#*:}; \
+	  DOCKER_BUILDKIT=1 $(DOCKER) build -q -f services/Dockerfile --target gpu --build-arg BASE=$(SOLRL_BASE_IMAGE) \
+	    --build-arg FLAVOR=gpu --build-arg ROLE=$$role --build-arg GRPC_PORT=$${ports%%:*} \
+	    --build-arg HTTP_PORT=$${ports#*:} -t solrl/$$role:gpu . ; \
+	  $(DOCKER) run --rm --network none --entrypoint python solrl/$$role:gpu -c "import torch, torchao, diffusers, peft, \
+	    transformers, grpc, solrl.engine.session, services.$$role.server; assert torch.version.cuda and not \
+	    torch.cuda.is_available(); print('$$role:gpu', torch.__version__, 'CUDA', torch.version.cuda)"; \
+	  $(DOCKER) run --rm --network none solrl/$$role:gpu --help >/dev/null; done
+
 # docker-compose.cpu.yml on a real Docker engine, as a user runs it (tests/deploy/test_compose_engine.py): up, health,
 # 2 epochs through a killed trainer, a killed explorer and a restarted Redis, logs, the containers' hardening, down -v
 test-compose: protos images
