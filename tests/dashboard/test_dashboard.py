@@ -27,7 +27,9 @@ TINY = ["epochs=3", "eval.every=1", "tensorboard=false", "rollout.prompts_per_ep
         "train.micro_batch=8", "threads=1", "name=dash-test",
         # the reward-hacking monitors: a reference reward the run does not train on, and a diversity floor no
         # evaluation meets (an RMS distance of 252 of 255 between seeds), so every evaluation after training alarms
-        'monitor.reference_rewards=["jpeg_compressibility"]', "monitor.diversity_min=0.99"]
+        'monitor.reference_rewards=["jpeg_compressibility"]', "monitor.diversity_min=0.99",
+        # a guard, whose shares the monitors' chart draws beside them
+        "guard.gate=flat"]
 
 
 def chromium() -> str:
@@ -98,7 +100,8 @@ def test_the_page_follows_a_running_training(tmp_path) -> None:
             monitors = page.evaluate("Object.fromEntries([...document.querySelectorAll('#chart-monitor polyline')]"
                                      ".map(e => [e.dataset.series, Number(e.dataset.points)]))")
             assert monitors == {"eval.flat_share": 4, "eval.duplicate_share": 4, "eval.diversity": 4,
-                                "rollout.flat_share": 3, "eval.ref_drift.jpeg_compressibility": 3}
+                                "rollout.flat_share": 3, "eval.ref_drift.jpeg_compressibility": 3,
+                                "guard.failed_share": 3, "guard.demoted_share": 3}
             assert f"reference jpeg_compressibility drift {recs[-1]['eval.ref_drift.jpeg_compressibility']:.4f}" in \
                 page.inner_text("#legend-monitor")
             assert [r["monitor.alarms"] for r in recs[1:]] == [1, 1, 1]
