@@ -325,9 +325,13 @@ def summarise(arms: dict[str, Any], last: int) -> dict[str, Any]:
     return out
 
 
-def _final(run: dict[str, Any], key: str, ref: str | None = None) -> float | None:
-    p = run["points"][-1]
-    return (p.get("ref") or {}).get(ref) if ref else p.get(key)
+def _at_last(ra: list[dict[str, Any]], rb: list[dict[str, Any]], get) -> dict[str, Any] | None:
+    """`get(point)` at the last evaluated epoch of paired runs: arm a's mean and the paired difference a - b; None where
+    a run did not record it."""
+    a, b = [get(r["points"][-1]) for r in ra], [get(r["points"][-1]) for r in rb]
+    if any(v is None for v in a + b):
+        return None
+    return {"value": round(float(np.mean(a)), 4), **paired(a, b)}
 
 
 def retained(guard: list[float], unguarded: list[float], base: list[float], resamples: int = 2000,
@@ -373,14 +377,11 @@ def guards(arms: dict[str, Any]) -> dict[str, Any] | None:
                                "gain": paired([r["primary"] for r in ra], [r["primary"] for r in rn]),
                                "kept_share": retained([r["primary"] for r in ra], [r["primary"] for r in rp],
                                                       [r["primary"] for r in rn])}
-        flat_a, flat_n = [_final(r, "flat_share") for r in ra], [_final(r, "flat_share") for r in rn]
-        if all(v is not None for v in flat_a + flat_n):
-            row["flat_final"] = {"value": round(float(np.mean(flat_a)), 4), **paired(flat_a, flat_n)}
-        row["ref_final"] = {}
-        for c in refs:
-            ref_a, ref_n = [_final(r, "", c) for r in ra], [_final(r, "", c) for r in rn]
-            if all(v is not None for v in ref_a + ref_n):
-                row["ref_final"][c] = {"value": round(float(np.mean(ref_a)), 4), **paired(ref_a, ref_n)}
+        flat = _at_last(ra, rn, lambda p: p.get("flat_share"))
+        if flat is not None:
+            row["flat_final"] = flat
+        at_last = {c: _at_last(ra, rn, lambda p, c=c: (p.get("ref") or {}).get(c)) for c in refs}
+        row["ref_final"] = {c: x for c, x in at_last.items() if x is not None}
         row["goal"] = guard_goal(row) if a in GUARD_ARMS else None
         out["arms"][a] = row
     return out

@@ -183,12 +183,12 @@ def role_secrets(role: str) -> list[str]:
     return ["data_token", "adapter_token", "queue_key", f"redis_{role}_password"]
 
 
-def limits(role: str, ranks: int = 1) -> str:
+def limits(role: str, ranks: int = 1, indent: str = "    ") -> str:
     """A role's memory and CPU limits in compose (LIMITS; the trainer's per rank)."""
     mem, cpus = LIMITS[role]
     if role == "trainer":
         mem, cpus = f"{int(mem[:-1]) * ranks}g", cpus * ranks
-    return f"    mem_limit: {mem}\n    cpus: {cpus}\n"
+    return f"{indent}mem_limit: {mem}\n{indent}cpus: {cpus}\n"
 
 
 # each role's memory and CPU limit (compose `mem_limit`, `cpus`): those of the k8s GPU component
@@ -262,9 +262,7 @@ x-{role}: &{role}
     args: {{{{FLAVOR: gpu, {ENGINE[role]}ROLE: {role}, GRPC_PORT: "{PORTS[role][0]}", HTTP_PORT: "{PORTS[role][1]}"}}}}
   image: solrl/{role}:gpu
   <<: *hardened
-  mem_limit: {LIMITS[role][0]}
-  cpus: {LIMITS[role][1]}
-  secrets: [{", ".join(role_secrets(role))}]
+{limits(role, indent="  ")}  secrets: [{", ".join(role_secrets(role))}]
   environment:
     <<: [*base-env, *run-env, *queue-env]
 """ + _braces_escaped(redis_user(role, "    ")) + f"""    SOLRL_REWARD_ADDR: reward:8001

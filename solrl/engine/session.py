@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,9 @@ class Session:
     version: int = 0
     _eval_scorer: Any = None     # built on the first evaluation
     _references: Any = None      # monitor.reference_rewards' scorers, built with it
-    _guard_reference: Any = None  # guard.reference's scorer (the constrained reward), built at first use
+    # rewards the run does not train on, by name, built once at first use: the monitors' and the constrained reward's
+    # (one scorer when both name the same reward)
+    _untrained: dict[str, Any] = field(default_factory=dict)
     stopped: str | None = None   # why a monitor alarm ended the run early (monitor.stop)
     proxy: Any = None            # ProxyController when rollout.explore_precision.backend is "auto"
     calibrations: list | None = None
@@ -363,11 +365,12 @@ class Session:
         rec["rollout.reward_std"] = float(np.std(data_r))
         by_prompt = np.asarray(data_r).reshape(len(prompts), -1)  # [P, k] trained rewards
         images = ex.generated.images[kept_flat] if not s.samples_bf16 else rg.images[flat]
-        rec.update(rollout_monitors(images, by_prompt))
+        flat = is_flat(images)   # once: the monitors and the validity gate read it
+        rec.update(rollout_monitors(images, by_prompt, flat))
         if s.selects:
             rec.update(selection_contrast(by_prompt, r.selection))
         rec.update(trained_spread(by_prompt))
-        data_r = self.guard_rewards(images, data_p, by_prompt, rec).reshape(-1)
+        data_r = self.guard_rewards(images, data_p, by_prompt, rec, flat).reshape(-1)
         rec["forwards_rollout_total"] = rec.get("forwards_explore", 0) + rec["forwards_regenerate"]
         return data_x0, data_r, data_p, group, data_traj, data_lp
 
@@ -376,25 +379,32 @@ class Session:
         """The validity gate's check (images -> bool, whether each passes) or None without one."""
         return (lambda images: ~is_flat(images)) if self.cfg.guard.gate == "flat" else None
 
+    def untrained_scorer(self, name: str):
+        """The scorer of a reward the run does not train on (a monitor's reference, the constrained reward's), built
+        once."""
+        if name not in self._untrained:
+            self._untrained[name] = build_reward(name)
+        return self._untrained[name]
+
     def guard_rewards(self, images: np.ndarray, prompts: list[str], by_prompt: np.ndarray,
-                      rec: dict[str, Any]) -> np.ndarray:
+                      rec: dict[str, Any], flat: np.ndarray | None = None) -> np.ndarray:
         """The trained rewards [P, k] after the guards (solrl/algo/guards.py): a sample that fails the gate, or whose
-        reference reward is below the floor, scores as its group's lowest. Records what each guard did."""
+        reference reward is below the floor, scores as its group's lowest. Records what each guard did. `flat`: the
+        images' `is_flat`, where the caller has it."""
         g = self.cfg.guard
+        if not (g.gate or g.reference):
+            return by_prompt
         bad = np.zeros(by_prompt.shape, dtype=bool)
         if g.gate:
-            failed = ~self.gate_valid()(images).reshape(by_prompt.shape)
+            failed = (is_flat(images) if flat is None else np.asarray(flat, dtype=bool)).reshape(by_prompt.shape)
             rec["guard.gate_trained_share"] = float(failed.mean())
             bad |= failed
         if g.reference:
-            if self._guard_reference is None:
-                self._guard_reference = build_reward(g.reference)
-            ref = np.asarray(self._guard_reference(images, list(prompts)), dtype=np.float64).reshape(by_prompt.shape)
+            scorer = self.untrained_scorer(g.reference)
+            ref = np.asarray(scorer(images, list(prompts)), dtype=np.float64).reshape(by_prompt.shape)
             under = below_floor(ref, g.reference_floor)
             rec.update({"guard.reference_mean": float(ref.mean()), "guard.reference_below_share": float(under.mean())})
             bad |= under
-        if not (g.gate or g.reference):
-            return by_prompt
         out, n = demote(by_prompt, bad)
         rec["guard.demoted_share"] = n / bad.size
         return out
@@ -415,7 +425,7 @@ class Session:
         e = self.cfg.eval
         if self._eval_scorer is None:
             self._eval_scorer = eval_scorer(self.cfg, self.scorer)
-            self._references = {name: build_reward(name) for name in self.cfg.monitor.reference_rewards}
+            self._references = {name: self.untrained_scorer(name) for name in self.cfg.monitor.reference_rewards}
         prompts = (self.eval_prompts if not n_prompts or n_prompts == e.prompts
                    else eval_prompt_set(self.cfg.prompts.eval, n_prompts))
         with self.adapters.use("ema"):
@@ -431,10 +441,11 @@ def _calibration_line(cal: dict[str, Any]) -> str:
             f"({met} the target {cal['target']})")
 
 
-def rollout_monitors(images: np.ndarray, by_prompt: np.ndarray) -> dict[str, float]:
+def rollout_monitors(images: np.ndarray, by_prompt: np.ndarray, flat: np.ndarray | None = None) -> dict[str, float]:
     """The trained rollouts' blank canvases (solrl/engine/monitors.py): `rollout.flat_share` over all of them and
-    `rollout.best_flat_share` over each prompt's better half by reward, where a ranking that favours a hack puts it."""
-    flat = is_flat(images).reshape(by_prompt.shape)
+    `rollout.best_flat_share` over each prompt's better half by reward, where a ranking that favours a hack puts it.
+    `flat`: the images' `is_flat`, where the caller has it."""
+    flat = (is_flat(images) if flat is None else np.asarray(flat, dtype=bool)).reshape(by_prompt.shape)
     order = np.argsort(-by_prompt, axis=1, kind="stable")[:, : max(1, by_prompt.shape[1] // 2)]
     return {"rollout.flat_share": float(flat.mean()),
             "rollout.best_flat_share": float(np.take_along_axis(flat, order, axis=1).mean())}

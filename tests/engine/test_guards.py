@@ -84,7 +84,7 @@ def test_session_guards_demote_blank_canvases_and_samples_under_the_reference_fl
     out = sess.guard_rewards(images, prompts, by_prompt, rec)
     assert out[0].tolist() == [0.2, 0.2]   # the blank best of prompt 0 now scores as its group's worst
     assert rec["guard.gate_trained_share"] == 0.25
-    ref = sess._guard_reference(images, prompts)
+    ref = sess.untrained_scorer("shapes")(images, prompts)
     assert rec["guard.reference_mean"] == pytest.approx(float(np.mean(ref)))
     assert rec["guard.demoted_share"] == pytest.approx(float(((ref < 0.25) | [False, True, False, False]).mean()))
     gate = sess.gate_valid()
