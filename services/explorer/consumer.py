@@ -23,12 +23,14 @@ def explore_handler(plane: ExplorerDataPlane) -> Callable[[bytes], Results]:
                                   field="job.sampler")
         out = plane.explore([job.prompt], [list(job.seeds)], steps=job.steps or None, kept=job.kept or None,
                             selection=job.selection or None, sampler=sampler, min_version=job.min_adapter_version,
-                            precision=job.precision, policy=job.precision_policy, fields=JOB_FIELDS)
+                            precision=job.precision, policy=job.precision_policy, gate=job.gate,
+                            fields=JOB_FIELDS)
         sel = common_pb2.SeedSelection(job_id=job.job_id, prompt=job.prompt, seeds=out.seeds[0],
                                        proxy_scores=out.scores[0].tolist(), kept_indices=out.kept[0],
                                        adapter_version=common_pb2.AdapterVersion(version=out.version,
                                                                                  sha256=out.sha256),
-                                       sampler=job.sampler, proxy=out.proxy)
+                                       sampler=job.sampler, proxy=out.proxy, gate=out.gate,
+                                       gate_failed=out.gate_failed)
         return [(job.job_id, sel.SerializeToString())]
 
     return handle

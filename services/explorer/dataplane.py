@@ -34,6 +34,7 @@ from services.rollout.plane import (  # noqa: F401 (re-exported for callers of t
     resolve_sampler,
 )
 from solrl.adapters import LoraSpec
+from solrl.algo.guards import gate_check
 from solrl.algo.selection import SELECTION_MODES
 from solrl.models.base import T2IModel
 from solrl.precision import PrecisionConfig
@@ -57,12 +58,12 @@ OUTPUTS = (SEEDS, SCORES, KEPT, ADAPTER_VERSION)
 # names of explore()'s arguments in error messages, by default and for the KServe model
 FIELDS = {"prompts": "prompts", "seeds": "seeds", "n": "n", "steps": "steps", "kept": "kept",
           "selection": "selection", "min_version": "min_version", "precision": "precision",
-          "policy": "precision_policy"}
+          "policy": "precision_policy", "gate": "gate"}
 KSERVE_FIELDS = {**FIELDS, "prompts": PROMPTS.name, "n": N.name, "steps": STEPS.name, "kept": K.name}
 # ... and for an ExploreJob (the Explore RPC and the queue's explore stream)
 JOB_FIELDS = {"prompts": "job.prompt", "seeds": "job.seeds", "n": "n", "steps": "job.steps", "kept": "job.kept",
               "selection": "job.selection", "min_version": "job.min_adapter_version", "precision": "job.precision",
-              "policy": "job.precision_policy"}
+              "policy": "job.precision_policy", "gate": "job.gate"}
 
 
 # ---------------------------------------------------------------------- the explorer
@@ -76,6 +77,8 @@ class ExploreOutcome:
     sha256: str
     forwards: int
     proxy: str = ""          # the precision sampled with: "BACKEND" or "BACKEND/POLICY"
+    gate: str = ""           # the validity gate the ranking applied ("" none)
+    gate_failed: int = 0     # candidates that failed it
 
 
 def selection_generator(seeds: list[list[int]]) -> torch.Generator:
@@ -141,11 +144,13 @@ class ExplorerDataPlane(RolloutPlane):
     def explore(self, prompts: Sequence[str], seeds: Sequence[Sequence[int]] | None = None, *,
                 n: int | None = None, steps: int | None = None, kept: int | None = None,
                 selection: str | None = None, sampler: SamplerSpec | None = None, min_version: int = 0,
-                precision: str = "", policy: str = "", fields: Mapping[str, str] = FIELDS) -> ExploreOutcome:
+                precision: str = "", policy: str = "", gate: str = "",
+                fields: Mapping[str, str] = FIELDS) -> ExploreOutcome:
         """Sample each prompt's seed pool (given, or `n` fresh random seeds), score, keep `kept` per prompt.
 
         `precision` (and its per-layer `policy`): the proxy to sample with (the adaptive proxy); the explorer
         switches to it and keeps serving it. Empty: whatever it serves now (its own until asked otherwise).
+        `gate`: the validity gate (guard.gate, solrl.algo.guards): its failing candidates are ranked out of the kept best.
         Errors name the request field (`fields` maps argument names to the caller's field names).
         """
         f = {**FIELDS, **fields}
@@ -182,6 +187,7 @@ class ExplorerDataPlane(RolloutPlane):
         if selection == "best_worst" and k % 2:
             raise ValueError(f"{f['kept']} must be even for best_worst selection, got {k}")
         min_version = check_int(min_version, f["min_version"], 0, 2**63 - 1)
+        valid = gate_check(gate, f["gate"])
         sampler = self.sampler if sampler is None else sampler
         wanted, label = self.proxy_precision(precision, policy, f) if precision else (None, None)
         if wanted is not None:
@@ -194,9 +200,9 @@ class ExplorerDataPlane(RolloutPlane):
         with (self.hot.serving(min_version, self.version_wait_s, wanted) as serving,
               self.device_lock if self.serialised() else contextlib.nullcontext()):
             result = explore(self.model, serving.module, prompts, pools, steps, sampler, self.scorer, k, selection,
-                             selection_generator(pools), self.micro_batch, self.cache)
+                             selection_generator(pools), self.micro_batch, self.cache, valid=valid)
         return ExploreOutcome(result.seeds, np.asarray(result.scores, dtype=np.float32), result.kept,
-                              serving.version, serving.sha256, result.forwards, serving.label)
+                              serving.version, serving.sha256, result.forwards, serving.label, gate, result.failed)
 
     # ------------------------------------------------------------------ the KServe v2 model "explore"
 

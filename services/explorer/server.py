@@ -73,12 +73,13 @@ class ExplorerServicer(RolloutRPCs, explorer_pb2_grpc.ExplorerServicer):
         out = self.plane.explore([job.prompt], [list(job.seeds)] if job.seeds else None, n=request.n or None,
                                  steps=job.steps or None, kept=job.kept or None, selection=job.selection or None,
                                  sampler=sampler, min_version=job.min_adapter_version, precision=job.precision,
-                                 policy=job.precision_policy, fields=JOB_FIELDS)
+                                 policy=job.precision_policy, gate=job.gate, fields=JOB_FIELDS)
         selection = common_pb2.SeedSelection(
             job_id=job.job_id, prompt=job.prompt, seeds=out.seeds[0], proxy_scores=out.scores[0].tolist(),
             kept_indices=out.kept[0], adapter_version=common_pb2.AdapterVersion(version=out.version, sha256=out.sha256),
             sampler=common_pb2.SamplerSpec(solver=sampler.solver, steps=job.sampler.steps, shift=sampler.shift,
-                                           guidance=sampler.guidance), proxy=out.proxy)
+                                           guidance=sampler.guidance), proxy=out.proxy, gate=out.gate,
+            gate_failed=out.gate_failed)
         return explorer_pb2.ExploreResponse(selection=selection)
 
 

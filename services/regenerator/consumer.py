@@ -37,7 +37,8 @@ def regenerate_handler(plane: RegeneratorDataPlane) -> Callable[[bytes], Results
                  common_pb2.Rollout(job_id=sel.job_id, prompt=sel.prompt, seed=seed, x0=torch_to_tensor(x0),
                                     reward=float(reward), proxy_reward=sel.proxy_scores[i],
                                     adapter_version=version, proxy=sel.proxy,
-                                    explore_adapter_version=sel.adapter_version,
+                                    explore_adapter_version=sel.adapter_version, gate=sel.gate,
+                                    gate_failed=sel.gate_failed,
                                     **sde_rollout_fields(out, j, sampler)).SerializeToString())
                 for j, (i, seed, x0, reward) in enumerate(zip(kept, out.seeds, out.x0, out.rewards))]
 

@@ -76,7 +76,8 @@ class RegeneratorServicer(RolloutRPCs, regenerator_pb2_grpc.RegeneratorServicer)
                                        reward=float(reward), adapter_version=version,
                                        proxy_reward=sel.proxy_scores[i] if sel.proxy_scores else 0.0,
                                        explore_adapter_version=sel.adapter_version if sel.HasField("adapter_version")
-                                       else None, **sde_rollout_fields(out, j, sampler))
+                                       else None, gate=sel.gate, gate_failed=sel.gate_failed,
+                                       **sde_rollout_fields(out, j, sampler))
                     for j, (i, seed, x0, reward) in enumerate(zip(kept, out.seeds, out.x0, out.rewards))]
         response = regenerator_pb2.RegenerateResponse(rollouts=rollouts)
         if request.return_images:

@@ -194,6 +194,8 @@ def run(out: Path, small: bool = False, epochs: int | None = None, seed: int = 0
         name += "-guards"
     if not small and sizes != (16,):  # another pool study than the default gets its own files beside the default's
         name += "-n" + "-".join(map(str, sizes))
+    if not small and n_epochs != 8:  # a longer (or shorter) study than the default 8 epochs: its own files too
+        name += f"-e{n_epochs}"
     if small:
         sets += SMALL_RUN
     per_run = threads_per_run(jobs, threads)

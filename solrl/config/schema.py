@@ -18,7 +18,7 @@ from solrl.rollout.strategies import LOW, MODES, strategy  # rollout.mode: the s
 
 SELECTIONS = ("best_worst", "random", "mean_deviation", "extremes_random")
 ADV_STDS = ("global", "prompt")   # train.adv_std
-GATES = ("", "flat")              # guard.gate
+GATES = ("", "flat")              # guard.gate: solrl.algo.guards.GATE_CHECKS' names (numpy-free here)
 SOLVERS = ("euler", "dpm2")
 ALGOS = ("nft", "flow_grpo")  # train.algo: DiffusionNFT (solrl/algo/nft.py) or FlowGRPO (solrl/algo/grpo.py)
 # The built-in model registry's names (solrl.models.available_models(), sorted), here without torch for
@@ -174,13 +174,14 @@ class MonitorConfig:
 class GuardConfig:
     """Guards against reward hacking that act on the rollouts (solrl/algo/guards.py, docs/training.md); off by default.
 
-    `gate`: a cheap validity check on every candidate image; "flat" fails a blank canvas (solrl.engine.evaluate.is_flat).
+    `gate`: a cheap validity check on every candidate image; "flat" fails a blank canvas (solrl.algo.guards.is_flat).
     Before ranking, a failing candidate is never kept while k valid ones remain (it fills the worst half when fewer
     do); after sampling, a trained sample that fails is scored as its prompt group's lowest reward, so it never
     draws a positive advantage. `reference` and `reference_floor`: the constrained reward: a trained sample whose
     `reference` reward (a reward the run does not train on, e.g. the exact shapes reward while training JPEG
     compressibility) is below the floor is scored as its prompt group's lowest reward: the trained reward gains
-    only while the reference holds. Embedded runs (`solrl train`); the services' driver refuses them."""
+    only while the reference holds. Embedded runs and the services alike: the explorer services gate their ranking
+    (ExploreJob.gate), the trainer decodes the trained latents and demotes."""
 
     gate: str = ""                      # "" (off) | "flat"
     reference: str = ""                 # "" (off) | a registered reward name

@@ -21,26 +21,13 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from solrl.algo.guards import FLAT_STD, is_flat  # noqa: F401 (FLAT_STD re-exported)
 from solrl.models.base import T2IModel
 from solrl.prompts import eval_subset
 from solrl.rewards import Scorer, build_reward
 from solrl.rewards.frames import first_frames, score_frames
 from solrl.rollout.passes import PromptCache, SamplerSpec, generate
 from solrl.telemetry import image_grid, save_png
-
-# an image is flat (one colour, a blank canvas) when its pixel values' standard deviation is below this, on 0..255:
-# the shapes bed's blank held-out images measure 2.5-3.7 and nearly all its images of one small object 20 or more
-# (runs trained on JPEG compressibility, docs/results.md)
-FLAT_STD = 8.0
-
-
-def is_flat(images: np.ndarray) -> np.ndarray:
-    """Per image (uint8 [B, H, W, 3], or clips [B, F, H, W, 3]: all their frames), whether its pixel values have a
-    standard deviation below FLAT_STD."""
-    images = np.asarray(images)
-    if len(images) == 0:
-        return np.zeros(0, dtype=bool)
-    return images.reshape(len(images), -1).astype(np.float32).std(axis=1) < FLAT_STD
 
 
 def flat_share(images: np.ndarray) -> float:

@@ -29,7 +29,7 @@ import torch
 
 from solrl.adapters import encode_adapter
 from solrl.adapters.wire import sha256_hex
-from solrl.config import ConfigError, RunConfig
+from solrl.config import RunConfig
 from solrl.engine import data_parallel as ddp
 from solrl.engine.run import resume_session, run_epochs
 from solrl.engine.session import Session, epoch_rng, proxy_agreement, selection_contrast, trained_spread
@@ -189,7 +189,7 @@ class RemoteSession:
                                         steps=sess.explore_steps(), kept=r.kept, selection=r.selection,
                                         min_adapter_version=version, sampler=sampler,
                                         precision=cand.backend if cand else "",
-                                        precision_policy=cand.policy if cand else "")
+                                        precision_policy=cand.policy if cand else "", gate=cfg.guard.gate)
             published[job_id] = self.queue.publish(STREAM_EXPLORE, job.SerializeToString(), key=job_id,
                                                    timeout_s=self.rollout_timeout_s)
         return EpochJobs(epoch, prompts, jobs, published, version, cand)
@@ -245,8 +245,10 @@ class RemoteSession:
                     **selection_contrast(rewards.reshape(len(prompts), r.kept), r.selection),
                     **trained_spread(rewards.reshape(len(prompts), r.kept))})
 
-        t0 = time.perf_counter()
         per_sample = [prompts[p] for p in group]
+        rewards = self.screen(rolls, order, x0, rewards, per_sample, rec)
+
+        t0 = time.perf_counter()
         if sess.trainer.ranks.parallel:  # data-parallel: the other ranks train on this batch too (Session.follow)
             ddp.share_batch(sess.trainer.ranks, epoch, tgen, x0, rewards, group, per_sample)
         batch = Batch(x0, sess.cache(per_sample), rewards, group, traj, log_probs)
@@ -259,6 +261,27 @@ class RemoteSession:
         st.epoch, st.optimizer_step, st.adapter_version = epoch + 1, sess.trainer.global_step, sess.version
         st.mean_reward, st.rollouts_consumed = rec["rollout.reward_mean"], st.rollouts_consumed + len(rolls)
         return rec
+
+    def screen(self, rolls: list[Any], order: list[tuple[int, int]], x0: torch.Tensor, rewards: np.ndarray,
+               prompts: list[str], rec: dict[str, Any]) -> np.ndarray:
+        """The trained rewards after the guards, as the embedded loop's (`Session.screen_trained`). The explorers
+        ranked with the validity gate each job named (checked: every rollout says which); the trained latents are
+        decoded here for the monitors and the guards that read images (`Session.reads_trained_images`)."""
+        sess, r = self.sess, self.sess.cfg.rollout
+        gate = sess.cfg.guard.gate
+        wrong = sorted({ro.gate for ro in rolls} - {gate})
+        if wrong:
+            raise RuntimeError(f"rollouts ranked with validity gate {wrong}, the run's guard.gate is {gate!r} (an "
+                               f"explorer that ignores ExploreJob.gate: update it)")
+        if not sess.reads_trained_images():
+            return rewards
+        n_prompts = len(rewards) // r.kept
+        if gate:  # the explored candidates that failed the gate: each job's count, in every one of its rollouts
+            failed = {p: ro.gate_failed for (p, _), ro in zip(order, rolls)}
+            rec["guard.failed_share"] = sum(failed.values()) / max(1, n_prompts * r.pool)
+        images = sess.model.decode(x0)
+        by_prompt = rewards.reshape(n_prompts, r.kept)
+        return sess.screen_trained(images, prompts, by_prompt, rec).reshape(-1).astype(np.float32)
 
     def collect(self, jobs: dict[str, int], kept: int, published: dict[str, str] | None = None
                 ) -> dict[tuple[int, int], Any]:
@@ -360,9 +383,6 @@ def run_distributed(cfg: RunConfig, run_dir: Path, queue: Queue, push_adapter: P
     if not ranks.is_main:
         raise ValueError(f"run_distributed runs on rank 0; rank {ranks.rank} follows (solrl.engine.loop.train)")
     ddp.check_ranks(cfg, ranks.world)
-    if cfg.guard.gate or cfg.guard.reference:   # they act on the rollouts, which the explorer services choose here
-        raise ConfigError("guard.gate and guard.reference (the validity gate, the constrained reward) run in the "
-                          "embedded loop (solrl train) only; the services' driver does not apply them yet")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     start, attempt_id = 0, f"{run_id}-a{uuid.uuid4().hex[:8]}"

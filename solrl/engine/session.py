@@ -24,7 +24,7 @@ from torch.profiler import record_function
 
 from solrl.adapters import LoraAdapters, LoraSpec
 from solrl.algo import prompt_kendall_taus, select
-from solrl.algo.guards import below_floor, demote
+from solrl.algo.guards import below_floor, demote, gate_check
 from solrl.config import ConfigError, RunConfig, apply_overrides
 from solrl.engine import data_parallel as ddp
 from solrl.engine.checkpoint import latest_checkpoint, load_adapters, load_rollout_adapter, saved_epochs
@@ -365,19 +365,32 @@ class Session:
         rec["rollout.reward_std"] = float(np.std(data_r))
         by_prompt = np.asarray(data_r).reshape(len(prompts), -1)  # [P, k] trained rewards
         images = ex.generated.images[kept_flat] if not s.samples_bf16 else rg.images[flat]
-        flat = is_flat(images)   # once: the monitors and the validity gate read it
-        rec.update(rollout_monitors(images, by_prompt, flat))
         if s.selects:
             rec.update(selection_contrast(by_prompt, r.selection))
         rec.update(trained_spread(by_prompt))
-        data_r = self.guard_rewards(images, data_p, by_prompt, rec, flat).reshape(-1)
+        data_r = self.screen_trained(images, data_p, by_prompt, rec).reshape(-1)
         rec["forwards_rollout_total"] = rec.get("forwards_explore", 0) + rec["forwards_regenerate"]
         return data_x0, data_r, data_p, group, data_traj, data_lp
 
     # ---------------------------------------------------------------- guards against reward hacking (cfg.guard)
+    def screen_trained(self, images: np.ndarray, prompts: list[str], by_prompt: np.ndarray,
+                       rec: dict[str, Any]) -> np.ndarray:
+        """What the trained rollouts' images say before the update, in the embedded loop and the services' trainer
+        alike: their monitors (`rollout_monitors`) into `rec`, and the trained rewards [P, k] after the guards
+        (`guard_rewards`)."""
+        flat = is_flat(images)   # once: the monitors and the validity gate read it
+        rec.update(rollout_monitors(images, by_prompt, flat))
+        return self.guard_rewards(images, prompts, by_prompt, rec, flat)
+
+    def reads_trained_images(self) -> bool:
+        """Whether anything before the update reads the trained samples' images: a guard, or an alarm on the
+        trained rollouts' blank share. The services' trainer receives latents only and decodes them for these."""
+        g = self.cfg.guard
+        return bool(g.gate or g.reference or self.cfg.monitor.flat_share_max)
+
     def gate_valid(self):
         """The validity gate's check (images -> bool, whether each passes) or None without one."""
-        return (lambda images: ~is_flat(images)) if self.cfg.guard.gate == "flat" else None
+        return gate_check(self.cfg.guard.gate)
 
     def untrained_scorer(self, name: str):
         """The scorer of a reward the run does not train on (a monitor's reference, the constrained reward's), built

@@ -1,6 +1,6 @@
 """Guards against reward hacking (`guard` and `train.adv_std` in the run config): the validity gate before ranking,
-the constrained reward, per-prompt normalisation; their config checks, a run that records them, and the services'
-driver refusing the two it cannot apply."""
+the constrained reward, per-prompt normalisation; their config checks and a run that records them (on the services:
+tests/services/test_distributed.py)."""
 
 from __future__ import annotations
 
@@ -108,10 +108,11 @@ def test_a_guarded_run_records_its_guards_and_is_reproducible(random_model_dir, 
     assert "guard.failed_share" in read_metrics(tmp_path / "oracle" / "metrics.jsonl")[1]
 
 
-def test_the_services_driver_refuses_the_rollout_guards(random_model_dir, tmp_path):  # noqa: F811
-    from solrl.engine.queue_loop import run_distributed
+def test_the_configs_gate_names_are_the_registered_checks():
+    from solrl.algo.guards import GATE_CHECKS, gate_check
+    from solrl.config.schema import GATES
 
-    cfg = tiny_cfg(random_model_dir, extra=["guard.gate=flat"])
-    with pytest.raises(ConfigError, match="guard.gate and guard.reference .* embedded loop"):
-        run_distributed(cfg, tmp_path, queue=None, push_adapter=None)
-    assert not any(tmp_path.iterdir())   # refused before it wrote anything
+    assert GATES == ("", *GATE_CHECKS)
+    assert gate_check("") is None and gate_check("flat") is GATE_CHECKS["flat"]
+    with pytest.raises(ValueError, match=r"job.gate: unknown validity gate 'blurry'"):
+        gate_check("blurry", "job.gate")

@@ -168,6 +168,56 @@ def test_distributed_run_matches_the_embedded_loop(model_dir, queue, tmp_path):
         assert worst <= 1e-3 * moved, (name, worst, moved)  # merged vs unmerged LoRA rounding only
 
 
+def run_on_services(cfg, queue, out: Path, run_id: str) -> dict:
+    """`cfg` trained by the driver over `queue` with an explorer and a regenerator stream worker in this process."""
+    explorer, regenerator = planes(cfg)
+
+    def push(data: bytes, version: int, sha256: str) -> None:
+        for plane in (explorer, regenerator):
+            plane.hot.load(data, version=version, sha256=sha256)
+
+    workers = [explorer_worker(queue, explorer, block_ms=100), regenerator_worker(queue, regenerator, block_ms=100)]
+    for w in workers:
+        w.start()
+    try:
+        return run_distributed(cfg, out, queue, push, run_id=run_id, rollout_timeout_s=120, log=lambda s: None)
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def test_a_guarded_run_on_the_services_matches_the_embedded_one(queue, tmp_path):
+    """The guards against reward hacking on the services: the driver names the run's validity gate in every
+    ExploreJob, the explorers rank with it and the regenerators pass on which gate ranked each seed (the driver
+    checks it), and the trainer decodes the trained latents for the constrained reward, the gate's demotion and the
+    rollout monitors, as the embedded loop does. On the bundled base (it draws shapes, so the shapes reward splits
+    its samples at the floor), the two runs record the same guards, rewards and loss."""
+    guarded = ["epochs=1", "guard.gate=flat", "guard.reference=shapes", "guard.reference_floor=0.5"]
+    cfg = apply_overrides(get_preset("shapes-sol-rl"), TINY + guarded).validate()
+    run_on_services(cfg, queue, tmp_path / "dist", "g1")
+    dist = read_metrics(tmp_path / "dist" / "metrics.jsonl")[1]
+    emb = Session.build(cfg).epoch(0)
+    keys = ("guard.failed_share", "guard.gate_trained_share", "guard.reference_mean", "guard.reference_below_share",
+            "guard.demoted_share", "rollout.flat_share", "rollout.best_flat_share", "rollout.reward_mean")
+    for key in keys:
+        assert dist[key] == pytest.approx(emb[key], abs=1e-5), key
+    assert 0 < dist["guard.demoted_share"] < 1   # the floor split the trained samples: the guard acted
+    assert dist["train.loss"] == pytest.approx(emb["train.loss"], rel=1e-5)
+
+
+def test_the_trainer_refuses_rollouts_ranked_without_the_runs_gate(model_dir, queue):
+    """A rollout whose explorer ignored ExploreJob.gate (an older one) says it was ranked without the gate: the
+    driver stops the run with an error naming both, before training on it."""
+    from solrl.engine.queue_loop import RemoteSession
+
+    cfg = apply_overrides(get_preset("shapes-sol-rl"), TINY + [f"model.path={model_dir}", "guard.gate=flat"]).validate()
+    remote = RemoteSession(Session.build(cfg, local_explorer=False), queue, lambda *a: None, run_id="g2")
+    rolls = [common_pb2.Rollout(job_id="j", seed=s) for s in (1, 2)]
+    with pytest.raises(RuntimeError, match=r"validity gate \[''\], the run's guard.gate is 'flat' .*ExploreJob.gate"):
+        remote.screen(rolls, [(0, 0), (0, 1)], torch.zeros(2, 3, 32, 32), np.zeros(2, np.float32),
+                      ["a red circle"] * 2, {})
+
+
 def scrape(metrics) -> dict:
     """(sample name, sorted labels) -> value, parsed from the Prometheus text exposition."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -525,6 +525,29 @@ def test_a_job_naming_a_proxy_switches_the_explorer_to_it(world, served):
     assert served.stub.Info(common_pb2.InfoRequest()).precision == before == "nvfp4-emu"
 
 
+def test_a_job_naming_the_validity_gate_ranks_its_failing_candidates_out(world, served, monkeypatch):
+    """ExploreJob.gate (the run's guard.gate): the explorer ranks with the gate the job names, as the core explore
+    pass does with it, and says which gate it applied and how many candidates failed. A random model draws no blank
+    canvas, so the "flat" gate passes every candidate; a gate registered here fails the seed the ungated ranking
+    keeps as its best."""
+    from solrl.algo import guards
+
+    plain = world.expected[0]
+    best = plain.kept[0][0]
+    best_image = plain.generated.images[best]
+    monkeypatch.setitem(guards.GATE_CHECKS, "not-the-best",
+                        lambda images: np.array([not np.array_equal(im, best_image) for im in images]))
+    sel = served.explore(gate="not-the-best")
+    want = explore(world.model, world.refs[0], [PROMPT], [SEEDS], 2, SamplerSpec(), world.scorer, 2, "best_worst",
+                   valid=guards.GATE_CHECKS["not-the-best"])
+    assert (sel.gate, sel.gate_failed, want.failed) == ("not-the-best", 1, 1)
+    assert list(sel.kept_indices) == want.kept[0] and best not in sel.kept_indices
+    np.testing.assert_array_equal(np.array(sel.proxy_scores, dtype=np.float32), plain.scores[0])  # scores ungated
+    flat = served.explore(gate="flat")
+    assert (flat.gate, flat.gate_failed) == ("flat", 0) and list(flat.kept_indices) == plain.kept[0]
+    assert served.explore().gate == ""
+
+
 @pytest.mark.parametrize("job, n, field", [
     ({"prompt": "a red dragon"}, 0, "job.prompt"),
     ({"prompt": ""}, 0, "job.prompt"),
@@ -539,6 +562,7 @@ def test_a_job_naming_a_proxy_switches_the_explorer_to_it(world, served):
     ({"sampler": common_pb2.SamplerSpec(guidance=0.5)}, 0, "job.sampler.guidance"),
     ({"precision": "fp3-emu"}, 0, "job.precision"),
     ({"precision": "fp8-e4m3-emu", "precision_policy": "keep-all"}, 0, "job.precision_policy"),
+    ({"gate": "blurry"}, 0, "job.gate"),
 ])
 def test_bad_explore_input_is_invalid_argument_naming_the_field(served, job, n, field):
     err = rpc_error(served.explore, n=n, **job)
