@@ -9,19 +9,15 @@ config and real Redis of tests/services/test_distributed.py.
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
 import torch
 
-from services.explorer.consumer import explorer_worker
-from services.regenerator.consumer import regenerator_worker
 from solrl.algo import flow_grpo_loss, mean_kl, threshold_groups
 from solrl.config import ConfigError, apply_overrides, get_preset
 from solrl.engine import data_parallel as ddp
 from solrl.engine.loop import train
-from solrl.engine.queue_loop import run_distributed
 from solrl.engine.session import Session
 from solrl.engine.update import Batch, FlowGRPOTrainer
 from solrl.rollout.passes import SamplerSpec, generate
@@ -29,7 +25,7 @@ from solrl.sampling import SeedNoise, flow_sigmas, noise_for_seeds, sample
 from solrl.telemetry import read_metrics, strip_timings
 from tests.engine.test_loop import random_model_dir, tiny_cfg  # noqa: F401  (a module-scoped fixture)
 from tests.services.test_distributed import TINY as DIST_TINY
-from tests.services.test_distributed import model_dir, planes, queue  # noqa: F401  (fixtures)
+from tests.services.test_distributed import model_dir, queue, run_on_services  # noqa: F401  (fixtures)
 
 PROMPT = "two blue squares"
 # |ratio - 1| on an epoch's first optimizer step: 0 when the log-probs recompute bit for bit; else the trainer's
@@ -219,22 +215,7 @@ def test_services_mode_matches_the_embedded_loop(model_dir, queue, tmp_path):  #
     with the SDE and sends trajectories and log-probs in each Rollout; the trainer's run equals the embedded one."""
     cfg = apply_overrides(get_preset("shapes-sol-flow-grpo"),
                           DIST_TINY + [f"model.path={model_dir}", "epochs=2"]).validate()
-    explorer, regenerator = planes(cfg)
-
-    def push(data: bytes, version: int, sha256: str) -> None:
-        for plane in (explorer, regenerator):
-            plane.hot.load(data, version=version, sha256=sha256)
-
-    workers = [explorer_worker(queue, explorer, block_ms=100), regenerator_worker(queue, regenerator, block_ms=100)]
-    for w in workers:
-        w.start()
-    try:
-        t0 = time.monotonic()
-        run_distributed(cfg, tmp_path / "dist", queue, push, run_id="g1", rollout_timeout_s=120, log=quiet)
-        assert time.monotonic() - t0 < 120
-    finally:
-        for w in workers:
-            w.stop()
+    run_on_services(cfg, queue, tmp_path / "dist", "g1")
     emb = Session.build(cfg)
     emb_recs = [emb.epoch(e) for e in range(cfg.epochs)]
     dist_recs = [r for r in read_metrics(tmp_path / "dist" / "metrics.jsonl") if r["epoch"] > 0]

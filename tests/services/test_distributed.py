@@ -168,9 +168,10 @@ def test_distributed_run_matches_the_embedded_loop(model_dir, queue, tmp_path):
         assert worst <= 1e-3 * moved, (name, worst, moved)  # merged vs unmerged LoRA rounding only
 
 
-def run_on_services(cfg, queue, out: Path, run_id: str) -> dict:
-    """`cfg` trained by the driver over `queue` with an explorer and a regenerator stream worker in this process."""
-    explorer, regenerator = planes(cfg)
+def run_on_services(cfg, queue, out: Path, run_id: str, rollout_planes=None) -> dict:
+    """`cfg` trained by the driver over `queue` with an explorer and a regenerator stream worker in this process
+    (`rollout_planes`: their planes, else `planes(cfg)`)."""
+    explorer, regenerator = rollout_planes or planes(cfg)
 
     def push(data: bytes, version: int, sha256: str) -> None:
         for plane in (explorer, regenerator):
@@ -378,20 +379,7 @@ def test_the_adaptive_proxy_in_services_mode_follows_the_embedded_run(model_dir,
         return out
 
     explorer.explore = explore
-
-    def push(data: bytes, version: int, sha256: str) -> None:
-        for plane in (explorer, regenerator):
-            plane.hot.load(data, version=version, sha256=sha256)
-
-    workers = [explorer_worker(queue, explorer, block_ms=100), regenerator_worker(queue, regenerator, block_ms=100)]
-    for w in workers:
-        w.start()
-    try:
-        run_distributed(cfg, tmp_path / "dist", queue, push, run_id="auto", rollout_timeout_s=120,
-                        log=lambda s: None)
-    finally:
-        for w in workers:
-            w.stop()
+    run_on_services(cfg, queue, tmp_path / "dist", "auto", (explorer, regenerator))
     emb = read_metrics(tmp_path / "emb" / "metrics.jsonl")
     dist = read_metrics(tmp_path / "dist" / "metrics.jsonl")
     keys = ("proxy.chosen", "proxy.candidate", "proxy.below_target_epochs", "explore.proxy", "proxy.switch")
