@@ -50,16 +50,18 @@ K = TensorSpec("K", "INT32", (1,))
 SEEDS = TensorSpec("SEEDS", "INT64", (-1, -1))
 SCORES = TensorSpec("SCORES", "FP32", (-1, -1))
 KEPT = TensorSpec("KEPT", "INT32", (-1, -1))
+GATE = TensorSpec("GATE", "BYTES", (1,))   # the validity gate's name (guard.gate), "" or absent: none
 ADAPTER_VERSION = TensorSpec("ADAPTER_VERSION", "INT64", (1,))
-INPUTS = (PROMPTS, N, STEPS, K)
-OPTIONAL_INPUTS = frozenset({K.name})
+INPUTS = (PROMPTS, N, STEPS, K, GATE)
+OPTIONAL_INPUTS = frozenset({K.name, GATE.name})
 OUTPUTS = (SEEDS, SCORES, KEPT, ADAPTER_VERSION)
 
 # names of explore()'s arguments in error messages, by default and for the KServe model
 FIELDS = {"prompts": "prompts", "seeds": "seeds", "n": "n", "steps": "steps", "kept": "kept",
           "selection": "selection", "min_version": "min_version", "precision": "precision",
           "policy": "precision_policy", "gate": "gate"}
-KSERVE_FIELDS = {**FIELDS, "prompts": PROMPTS.name, "n": N.name, "steps": STEPS.name, "kept": K.name}
+KSERVE_FIELDS = {**FIELDS, "prompts": PROMPTS.name, "n": N.name, "steps": STEPS.name, "kept": K.name,
+                 "gate": GATE.name}
 # ... and for an ExploreJob (the Explore RPC and the queue's explore stream)
 JOB_FIELDS = {"prompts": "job.prompt", "seeds": "job.seeds", "n": "n", "steps": "job.steps", "kept": "job.kept",
               "selection": "job.selection", "min_version": "job.min_adapter_version", "precision": "job.precision",
@@ -226,7 +228,7 @@ class ExplorerDataPlane(RolloutPlane):
 
     def infer(self, name: str, inputs: Mapping[str, np.ndarray], version: str = "",
               outputs: Sequence[str] = ()) -> dict[str, np.ndarray]:
-        """PROMPTS [P], N [1], STEPS [1], optional K [1] -> SEEDS [P, n], SCORES [P, n], KEPT [P, k],
+        """PROMPTS [P], N [1], STEPS [1], optional K [1] and GATE [1] -> SEEDS [P, n], SCORES [P, n], KEPT [P, k],
         ADAPTER_VERSION [1]."""
         self.resolve(name, version)
         specs = {s.name: s for s in INPUTS}
@@ -242,20 +244,28 @@ class ExplorerDataPlane(RolloutPlane):
         raw_prompts = inputs[PROMPTS.name]
         if raw_prompts.dtype != object or raw_prompts.ndim != 1:
             raise ValueError(f"{PROMPTS.name}: expected BYTES [-1], got {raw_prompts.dtype} {list(raw_prompts.shape)}")
-        prompts = []
-        for i, p in enumerate(raw_prompts):
-            try:
-                prompts.append(p.decode("utf-8") if isinstance(p, bytes) else str(p))
-            except UnicodeDecodeError:
-                raise ValueError(f"{PROMPTS.name}[{i}]: not valid UTF-8") from None
+        prompts = [_text(p, f"{PROMPTS.name}[{i}]") for i, p in enumerate(raw_prompts)]
+        gate = ""
+        if GATE.name in inputs:
+            raw_gate = inputs[GATE.name]
+            if raw_gate.dtype != object or raw_gate.shape != (1,):
+                raise ValueError(f"{GATE.name}: expected BYTES [1], got {raw_gate.dtype} {list(raw_gate.shape)}")
+            gate = _text(raw_gate[0], GATE.name)
         scalars = {spec.name: _scalar(inputs[spec.name], spec) for spec in (N, STEPS, K) if spec.name in inputs}
         out = self.explore(prompts, n=scalars[N.name], steps=scalars[STEPS.name], kept=scalars.get(K.name),
-                           fields=KSERVE_FIELDS)
+                           gate=gate, fields=KSERVE_FIELDS)
         result = {SEEDS.name: np.asarray(out.seeds, dtype=np.int64),
                   SCORES.name: out.scores.astype(np.float32),
                   KEPT.name: np.asarray(out.kept, dtype=np.int32),
                   ADAPTER_VERSION.name: np.asarray([out.version], dtype=np.int64)}
         return {k: v for k, v in result.items() if not outputs or k in outputs}
+
+
+def _text(value: Any, field: str) -> str:
+    try:
+        return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError:
+        raise ValueError(f"{field}: not valid UTF-8") from None
 
 
 def _scalar(array: np.ndarray, spec: TensorSpec) -> int:

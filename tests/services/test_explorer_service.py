@@ -179,11 +179,11 @@ def test_tritonclient_drives_the_explore_model(world, served):
         assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("explore")
         assert not client.is_model_ready("nope")
         md = client.get_model_metadata("explore", as_json=True)
-        assert [i["name"] for i in md["inputs"]] == ["PROMPTS", "N", "STEPS", "K"]
+        assert [i["name"] for i in md["inputs"]] == ["PROMPTS", "N", "STEPS", "K", "GATE"]
         assert {o["name"]: o["datatype"] for o in md["outputs"]} == {
             "SEEDS": "INT64", "SCORES": "FP32", "KEPT": "INT32", "ADAPTER_VERSION": "INT64"}
         config = client.get_model_config("explore", as_json=True)["config"]
-        assert [i["name"] for i in config["input"] if i.get("optional")] == ["K"]
+        assert [i["name"] for i in config["input"] if i.get("optional")] == ["K", "GATE"]
 
         prompts = ["a red circle", "two blue squares"]
         res = client.infer("explore", triton_inputs(prompts, n=3, steps=2, k=2))
@@ -196,6 +196,15 @@ def test_tritonclient_drives_the_explore_model(world, served):
 
         no_k = client.infer("explore", triton_inputs(prompts[:1], n=4, steps=2))  # K defaults to the plane's (2)
         assert no_k.as_numpy("KEPT").shape == (1, 2)
+
+        gate = tgrpc.InferInput("GATE", [1], "BYTES")   # the validity gate by name: a random model draws no blank
+        gate.set_data_from_numpy(np.array([b"flat"], dtype=object))
+        gated = client.infer("explore", [*triton_inputs(prompts, n=3, steps=2, k=2), gate])
+        ref = world.core(0, prompts, gated.as_numpy("SEEDS").tolist())
+        assert gated.as_numpy("KEPT").tolist() == ref.kept
+        gate.set_data_from_numpy(np.array([b"blurry"], dtype=object))
+        with pytest.raises(InferenceServerException, match="GATE: unknown validity gate 'blurry'"):
+            client.infer("explore", [*triton_inputs(prompts, n=3, steps=2, k=2), gate])
     finally:
         client.close()
 
@@ -209,7 +218,7 @@ def test_the_explore_model_over_kserve_rest(world, served):
     try:
         assert client.is_server_ready() and client.is_model_ready("explore")
         assert client.get_server_metadata()["name"] == "solrl-explorer"
-        assert [i["name"] for i in client.get_model_config("explore")["input"] if i.get("optional")] == ["K"]
+        assert [i["name"] for i in client.get_model_config("explore")["input"] if i.get("optional")] == ["K", "GATE"]
         before = client.get_inference_statistics("explore")["model_stats"][0]["inference_count"]
         inputs = [thttp.InferInput("PROMPTS", [1], "BYTES")]
         inputs[0].set_data_from_numpy(np.array([b"a red circle"], dtype=object))

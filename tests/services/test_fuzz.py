@@ -280,7 +280,7 @@ def test_explorer_explore_and_model_infer(servers):
         servers.call("explorer", "/solrl.explorer.v1.Explorer/Explore", request.SerializeToString())
 
     @FUZZ
-    @given(infer_requests(["explore"], ["PROMPTS", "N", "STEPS", "K", "SEEDS"]))
+    @given(infer_requests(["explore"], ["PROMPTS", "N", "STEPS", "K", "GATE", "SEEDS"]))
     def infer(request):
         servers.call("explorer", "/inference.GRPCInferenceService/ModelInfer", request.SerializeToString())
 
