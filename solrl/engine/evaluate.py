@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from solrl.algo.guards import FLAT_STD, is_flat  # noqa: F401 (FLAT_STD re-exported)
+from solrl.algo.guards import is_flat
 from solrl.models.base import T2IModel
 from solrl.prompts import eval_subset
 from solrl.rewards import Scorer, build_reward

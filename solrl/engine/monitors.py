@@ -6,7 +6,7 @@ selecting runs of `solrl bench selection` drew 5-13% blank canvases by epoch 8 a
 (docs/results.md). The monitors, per held-out evaluation (the EMA adapter's images, fixed prompts and seeds) and per
 epoch (the trained rollouts):
 
-- `flat_share`: images of one flat colour (`solrl.engine.evaluate.is_flat`: blank canvases);
+- `flat_share`: images of one flat colour (`solrl.algo.guards.is_flat`: blank canvases);
 - `duplicate_share`: images with a near-duplicate among the same prompt's other seeds (RMS pixel distance below
   DUPLICATE_RMS): the policy drawing one picture whatever the noise (mode collapse);
 - `diversity`: the mean RMS pixel distance between a prompt's seeds, on 0..1 (a collapsing policy lowers it);

@@ -24,11 +24,11 @@ from torch.profiler import record_function
 
 from solrl.adapters import LoraAdapters, LoraSpec
 from solrl.algo import prompt_kendall_taus, select
-from solrl.algo.guards import below_floor, demote, gate_check
+from solrl.algo.guards import below_floor, demote, gate_check, is_flat
 from solrl.config import ConfigError, RunConfig, apply_overrides
 from solrl.engine import data_parallel as ddp
 from solrl.engine.checkpoint import latest_checkpoint, load_adapters, load_rollout_adapter, saved_epochs
-from solrl.engine.evaluate import eval_prompt_set, eval_scorer, evaluate, is_flat
+from solrl.engine.evaluate import eval_prompt_set, eval_scorer, evaluate
 from solrl.engine.update import Batch, NFTTrainer, build_trainer
 from solrl.models import load_model
 from solrl.models.base import T2IModel

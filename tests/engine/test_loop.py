@@ -270,7 +270,8 @@ def test_a_weighted_rewards_terms_reach_the_records():
 
 
 def test_flat_share_counts_blank_images_whatever_the_reward(monkeypatch):
-    from solrl.engine.evaluate import FLAT_STD, evaluate, flat_share, is_flat
+    from solrl.algo.guards import FLAT_STD, is_flat
+    from solrl.engine.evaluate import evaluate, flat_share
 
     rng = np.random.default_rng(0)
     blank = np.clip(240 + rng.normal(0, 2, size=(3, 32, 32, 3)), 0, 255).astype(np.uint8)  # a canvas, noise of 2
